@@ -1,0 +1,1 @@
+"""Drafters and verification for lossless speculative decoding."""
