@@ -40,7 +40,7 @@ class Drafter(Protocol):
     kind: str  # "draft_model" | "mtp" | "ngram" | "prediction"
 
     def begin(self, tokens: Sequence[int]) -> None:
-        """A request starts; ``tokens`` is its whole prompt (state may be reused from earlier ones)."""
+        """A request starts with prompt ``tokens`` (state may be reused from earlier requests)."""
 
     def propose(
         self, tokens: Sequence[int], max_tokens: int, probs: ProbabilityFn | None = None
