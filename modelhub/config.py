@@ -1,0 +1,188 @@
+"""Settings from environment variables and an optional YAML file (env wins).
+
+Variables follow Ollama's, renamed: MODELHUB_HOST, MODELHUB_MODELS, MODELHUB_KEEP_ALIVE,
+MODELHUB_ORIGINS, MODELHUB_MAX_LOADED_MODELS, MODELHUB_NUM_PARALLEL, MODELHUB_NUM_THREADS,
+MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART. The YAML file (``config.yaml`` in the platformdirs
+config dir, or MODELHUB_CONFIG) uses the same names in lower case without the prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import yaml
+
+from modelhub.errors import BadRequest
+
+APP = "modelhub"
+DEFAULT_PORT = 11435
+DEFAULT_KEEP_ALIVE = 300.0
+
+
+@dataclass(frozen=True)
+class HostAddress:
+    scheme: str
+    host: str
+    port: int
+    base_path: str = ""
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else (self.host or "127.0.0.1")
+        return f"{self.scheme}://{host}:{self.port}{self.base_path}"
+
+
+def parse_host(value: str | None, default_port: int = DEFAULT_PORT) -> HostAddress:
+    """Parse MODELHUB_HOST the way Ollama parses OLLAMA_HOST (scheme, host, port, base path)."""
+    raw = _clean(value or "")
+    scheme, port = "http", default_port
+    if "://" in raw:
+        scheme, raw = raw.split("://", 1)
+        port = 443 if scheme == "https" else 80
+    base_path = ""
+    if "/" in raw:
+        raw, rest = raw.split("/", 1)
+        base_path = "/" + rest.rstrip("/") if rest.strip("/") else ""
+    host = raw
+    m = re.fullmatch(r"\[(?P<h6>[^\]]*)\](?::(?P<p6>\d*))?|(?P<h>[^:]*):(?P<p>\d*)", raw)
+    if m:
+        host = m.group("h6") if m.group("h6") is not None else (m.group("h") or "")
+        p = m.group("p6") if m.group("h6") is not None else m.group("p")
+        if p:
+            port = int(p) if 0 <= int(p) <= 65535 else default_port
+    elif raw == "":
+        host = "127.0.0.1"
+    return HostAddress(scheme, host, port, base_path)
+
+
+_DURATION_RE = re.compile(r"(-?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Keep-alive value -> seconds; negative means forever (returned as ``float('inf')``).
+
+    Numbers are seconds; strings use Go duration syntax ("5m", "1h30m", "250ms", "0", "-1m").
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise BadRequest(f"keep_alive: unsupported type {type(value).__name__!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        if text in ("0", "-0"):
+            return 0.0
+        if not _DURATION_RE.fullmatch(text):
+            hint = "missing unit in duration" if re.fullmatch(r"-?\d+(\.\d+)?", text) else ""
+            raise BadRequest(
+                f"keep_alive: invalid duration {text!r}"
+                + (f" ({hint}; e.g. '5m', '30s', '-1')" if hint else " (e.g. '5m', '30s', '-1')")
+            )
+        sign = -1.0 if text.startswith("-") else 1.0
+        parts = re.findall(r"((?:\d+(?:\.\d*)?|\.\d+))(ns|us|µs|ms|s|m|h)", text)
+        seconds = sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    return float("inf") if seconds < 0 else seconds
+
+
+def _clean(value: str) -> str:
+    return value.strip().strip("\"'").strip()
+
+
+def _bool(value: str | None) -> bool:
+    if value is None or _clean(value) == "":
+        return False
+    v = _clean(value).lower()
+    # As Ollama: any non-empty value that is not a recognisable false counts as true.
+    return v not in ("0", "f", "false", "no", "off")
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(_clean(value)) if value is not None and _clean(value) else default
+    except ValueError:
+        return default
+
+
+def config_file() -> Path:
+    explicit = os.environ.get("MODELHUB_CONFIG")
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(platformdirs.user_config_dir(APP)) / "config.yaml"
+
+
+def log_dir() -> Path:
+    return Path(platformdirs.user_log_dir(APP))
+
+
+def _file_values() -> dict[str, str]:
+    path = config_file()
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise BadRequest(f"config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest(f"config file {path}: expected a mapping of settings")
+    return {f"MODELHUB_{str(k).upper()}": str(v) for k, v in data.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Settings:
+    address: HostAddress
+    models_dir: Path
+    keep_alive: float = DEFAULT_KEEP_ALIVE
+    origins: tuple[str, ...] = ()
+    max_loaded_models: int = 3
+    num_parallel: int = 1
+    num_threads: int = 0
+    max_queue: int = 512
+    noprune: bool = False
+    no_autostart: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        return self.address.host
+
+    @property
+    def port(self) -> int:
+        return self.address.port
+
+    @property
+    def base_url(self) -> str:
+        return self.address.url
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        values = _file_values()
+        values.update({k: v for k, v in (env if env is not None else os.environ).items()})
+        get = values.get
+        models = get("MODELHUB_MODELS")
+        keep_alive = DEFAULT_KEEP_ALIVE
+        if get("MODELHUB_KEEP_ALIVE"):
+            raw = _clean(get("MODELHUB_KEEP_ALIVE") or "")
+            try:  # as Ollama: a bare integer is seconds; garbage falls back to the default
+                keep_alive = parse_duration(int(raw) if re.fullmatch(r"-?\d+", raw) else raw)
+            except BadRequest:
+                keep_alive = DEFAULT_KEEP_ALIVE
+        origins = tuple(o.strip() for o in (get("MODELHUB_ORIGINS") or "").split(",") if o.strip())
+        return cls(
+            address=parse_host(get("MODELHUB_HOST")),
+            models_dir=Path(_clean(models)).expanduser()
+            if models
+            else Path(platformdirs.user_data_dir(APP)) / "models",
+            keep_alive=keep_alive,
+            origins=origins,
+            max_loaded_models=max(1, _int(get("MODELHUB_MAX_LOADED_MODELS"), 3)),
+            num_parallel=max(1, _int(get("MODELHUB_NUM_PARALLEL"), 1)),
+            num_threads=max(0, _int(get("MODELHUB_NUM_THREADS"), 0)),
+            max_queue=max(1, _int(get("MODELHUB_MAX_QUEUE"), 512)),
+            noprune=_bool(get("MODELHUB_NOPRUNE")),
+            no_autostart=_bool(get("MODELHUB_NO_AUTOSTART")),
+        )
