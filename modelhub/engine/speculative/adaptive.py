@@ -1,0 +1,205 @@
+"""Choosing the draft length K from measured costs and acceptance (SPEC-10).
+
+Each round the engine reports how many tokens it asked for, how many the drafter proposed, how
+many were accepted, and how long drafting and verification took. From that the controller keeps:
+
+- ``verify cost``: seconds to decode and check n rows, per n (EWMA), interpolated between the
+  n values measured and extrapolated linearly beyond them;
+- ``draft cost``: seconds per proposed draft token (EWMA);
+- ``acceptance`` a: the per-draft probability of being kept, estimated as if acceptance were
+  geometric (a round that keeps j of k drafts contributes j successes and one failure if j < k),
+  with exponential forgetting.
+
+The expected number of tokens a round emits with K drafts is (1 - a^(K+1)) / (1 - a), so the
+rate for K is that over ``K * draft + verify(K + 1)``; K = 0 is plain decoding at
+``1 / verify(1)``. The controller picks the best K; when no K beats plain decoding it stops
+drafting and re-probes now and then, spending at most a few percent of the time on probes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# A plain round must lose by this factor before the controller prefers drafting; avoids
+# flapping where the two are within measurement noise.
+_MARGIN = 1.03
+# Assumed cost of each extra verified row, relative to a one-row decode, before it is measured.
+_PRIOR_ROW_SLOPE = 0.35
+# At most this share of plain-decoding time is spent on probes while drafting is off.
+_PROBE_BUDGET = 0.02
+
+
+@dataclass
+class _Ewma:
+    alpha: float
+    value: float | None = None
+
+    def add(self, sample: float) -> None:
+        if self.value is None:
+            self.value = sample
+        else:
+            self.value += self.alpha * (sample - self.value)
+
+
+class AdaptiveDraftLength:
+    """Picks K in ``0..max_k`` per round; ``adaptive=False`` always answers ``max_k``."""
+
+    def __init__(
+        self,
+        max_k: int,
+        *,
+        adaptive: bool = True,
+        cost_alpha: float = 0.3,
+        acceptance_decay: float = 0.92,
+        prior_acceptance: float = 0.5,
+        min_probe_interval: int = 4,
+        max_probe_interval: int = 512,
+    ) -> None:
+        self.max_k = max(0, max_k)
+        self.adaptive = adaptive
+        self._cost_alpha = cost_alpha
+        self._verify: dict[int, _Ewma] = {}
+        self._draft = _Ewma(cost_alpha)
+        self._decay = acceptance_decay
+        self._prior = prior_acceptance
+        self._acc_hits = 0.0
+        self._acc_trials = 0.0
+        self._min_probe = min_probe_interval
+        self._max_probe = max_probe_interval
+        self._plain_rounds = 0  # consecutive rounds without drafting
+        self._probe_due = 0
+        self._last_k = -1
+        self.current_k = self.max_k
+
+    # ---- estimates -------------------------------------------------------------------------
+    @property
+    def acceptance(self) -> float:
+        """Smoothed per-draft acceptance, pulled towards the prior while evidence is thin."""
+        return (self._acc_hits + self._prior) / (self._acc_trials + 1.0)
+
+    def verify_cost(self, rows: int) -> float | None:
+        """Estimated seconds to verify ``rows`` rows (None until anything was measured)."""
+        known = sorted((n, e.value) for n, e in self._verify.items() if e.value is not None)
+        if not known:
+            return None
+        for n, value in known:
+            if n == rows:
+                return value
+        below = [(n, v) for n, v in known if n < rows]
+        above = [(n, v) for n, v in known if n > rows]
+        if below and above:
+            (n0, v0), (n1, v1) = below[-1], above[0]
+            return v0 + (v1 - v0) * (rows - n0) / (n1 - n0)
+        slope = self._slope(known)
+        n0, v0 = below[-1] if below else above[0]
+        return max(1e-9, v0 + slope * (rows - n0))
+
+    def _slope(self, known: list[tuple[int, float]]) -> float:
+        if len(known) >= 2:
+            (n0, v0), (n1, v1) = known[-2], known[-1]
+            return max(0.0, (v1 - v0) / (n1 - n0))
+        base = self._verify.get(1)
+        reference = base.value if base is not None and base.value is not None else known[0][1]
+        return _PRIOR_ROW_SLOPE * reference
+
+    def expected_tokens(self, k: int, acceptance: float | None = None) -> float:
+        a = self.acceptance if acceptance is None else acceptance
+        if a >= 1.0 - 1e-12:
+            return float(k + 1)
+        return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+    def rate(self, k: int) -> float | None:
+        """Predicted tokens per second with K = k (None when costs are unknown)."""
+        verify = self.verify_cost(k + 1)
+        if verify is None:
+            return None
+        draft = 0.0 if k == 0 else k * (self._draft.value or 0.0)
+        return self.expected_tokens(k) / (draft + verify)
+
+    def best_k(self) -> int:
+        plain = self.rate(0)
+        if plain is None:
+            return self.max_k
+        best_k, best_rate = 0, plain * _MARGIN
+        for k in range(1, self.max_k + 1):
+            r = self.rate(k)
+            if r is not None and r > best_rate:
+                best_k, best_rate = k, r
+        return best_k
+
+    # ---- decisions ---------------------------------------------------------------------------
+    def new_request(self) -> None:
+        """A request starts: if drafting is off, probe once early (the content changed)."""
+        if self.adaptive and self.current_k == 0:
+            self._probe_due = min(self._probe_due, self._plain_rounds)
+
+    def next_k(self) -> int:
+        """The draft length for the coming round."""
+        if not self.adaptive or self.max_k == 0:
+            return self.max_k
+        if not self._verify:
+            return self.max_k  # first round: try drafting, which measures a batched verify
+        if 1 not in self._verify:
+            return 0  # then measure plain decoding
+        k = self.best_k()
+        if k == 0 and self._plain_rounds >= self._probe_due:
+            k = max(1, min(self.max_k, self._probe_length()))
+        self.current_k = k
+        return k
+
+    def _probe_length(self) -> int:
+        """Probe with the K that would be best if acceptance were as good as the prior hopes."""
+        saved_hits, saved_trials = self._acc_hits, self._acc_trials
+        self._acc_hits, self._acc_trials = 0.0, 0.0
+        try:
+            k = self.best_k()
+        finally:
+            self._acc_hits, self._acc_trials = saved_hits, saved_trials
+        return k if k > 0 else 1
+
+    def record(
+        self,
+        requested: int,
+        proposed: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+    ) -> None:
+        """One round finished: ``proposed`` drafts (of ``requested``), ``accepted`` kept."""
+        rows = proposed + 1
+        self._verify.setdefault(rows, _Ewma(self._cost_alpha)).add(max(verify_seconds, 1e-9))
+        cold = self._last_k == 0  # a drafter that sat out rounds catches up first: not a sample
+        if proposed > 0 and not cold:
+            self._draft.add(draft_seconds / proposed)
+        elif proposed > 0 and self._draft.value is None:
+            self._draft.add(draft_seconds / (proposed + 1))
+        if proposed > 0:
+            self._acc_hits = self._acc_hits * self._decay + accepted
+            failure = 1.0 if accepted < proposed else 0.0
+            self._acc_trials = self._acc_trials * self._decay + accepted + failure
+        self._last_k = requested
+        if requested == 0:
+            self._plain_rounds += 1
+            return
+        # Should drafting turn off after this round, this is how long until the next probe.
+        self._probe_due = self._probe_interval(requested)
+        self._plain_rounds = 0
+
+    def _probe_interval(self, k: int) -> int:
+        """Rounds to wait so that a probe costs at most ``_PROBE_BUDGET`` of decoding time."""
+        plain = self.verify_cost(1)
+        probe = self.verify_cost(k + 1)
+        if plain is None or probe is None:
+            return self._min_probe
+        overhead = k * (self._draft.value or 0.0) + probe - plain
+        rounds = math.ceil(overhead / (_PROBE_BUDGET * plain))
+        return max(self._min_probe, min(self._max_probe, rounds))
+
+    def describe(self) -> str:
+        costs = {n: round((e.value or 0.0) * 1e3, 3) for n, e in sorted(self._verify.items())}
+        draft_ms = round((self._draft.value or 0.0) * 1e3, 3)
+        return (
+            f"K={self.current_k} acceptance={self.acceptance:.3f} "
+            f"draft_ms/token={draft_ms} verify_ms={costs}"
+        )

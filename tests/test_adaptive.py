@@ -1,0 +1,149 @@
+"""Adaptive draft length on a simulated cost model (SPEC-10); no model needed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
+
+
+@dataclass
+class CostModel:
+    """verify(n) = base + per_row * n seconds; drafting costs ``draft`` seconds per token."""
+
+    base: float
+    per_row: float
+    draft: float
+
+    def verify(self, rows: int) -> float:
+        return self.base + self.per_row * rows
+
+
+@dataclass
+class SimResult:
+    tokens: int
+    seconds: float
+    ks: list[int]
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+
+def simulate(
+    ctl: AdaptiveDraftLength,
+    cost: CostModel,
+    acceptance,  # callable(round) -> probability that each draft is kept
+    tokens: int,
+    seed: int = 0,
+    noise: float = 0.05,
+) -> SimResult:
+    rng = np.random.default_rng(seed)
+    emitted, seconds, ks, rnd = 0, 0.0, [], 0
+    while emitted < tokens:
+        k = ctl.next_k()
+        ks.append(k)
+        a = acceptance(rnd)
+        accepted = 0
+        while accepted < k and rng.random() < a:
+            accepted += 1
+        jitter = 1.0 + noise * (rng.random() - 0.5)
+        t_draft = k * cost.draft * jitter
+        t_verify = cost.verify(k + 1) * jitter
+        ctl.record(k, k, accepted, t_draft, t_verify)
+        seconds += t_draft + t_verify
+        emitted += accepted + 1
+        rnd += 1
+    return SimResult(emitted, seconds, ks)
+
+
+CPU_LIKE = CostModel(base=0.006, per_row=0.0017, draft=0.0056)  # 1:1 pair on 2 cores
+CHEAP_DRAFT = CostModel(base=0.050, per_row=0.004, draft=0.004)  # big target, small draft
+
+
+def baseline(cost: CostModel) -> float:
+    return 1.0 / cost.verify(1)
+
+
+def test_acceptance_zero_turns_off_quickly_and_costs_little() -> None:
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CPU_LIKE, lambda r: 0.0, tokens=3000)
+    first_off = res.ks.index(0)
+    assert first_off < 20
+    assert all(k == 0 for k in res.ks[first_off : first_off + 10])
+    assert res.rate >= 0.95 * baseline(CPU_LIKE)
+
+
+def test_acceptance_zero_with_free_drafts_still_turns_off() -> None:
+    free = CostModel(base=0.006, per_row=0.0017, draft=0.0)
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, free, lambda r: 0.0, tokens=3000)
+    assert res.ks.index(0) < 20
+    assert res.rate >= 0.95 * baseline(free)
+
+
+def test_high_acceptance_cheap_draft_grows_k_and_wins() -> None:
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CHEAP_DRAFT, lambda r: 0.9, tokens=3000)
+    assert np.median(res.ks[-50:]) >= 4
+    assert res.rate > 1.3 * baseline(CHEAP_DRAFT)
+
+
+def test_one_to_one_pair_stays_near_plain_speed() -> None:
+    """A draft as expensive as the target: high acceptance but drafting cannot win."""
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CPU_LIKE, lambda r: 0.9, tokens=3000)
+    assert res.rate >= 0.95 * baseline(CPU_LIKE)
+    assert sum(k > 0 for k in res.ks[-500:]) < 25
+
+
+def test_reprobes_and_turns_back_on_when_acceptance_returns() -> None:
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CHEAP_DRAFT, lambda r: 0.0 if r < 200 else 0.95, tokens=4000)
+    assert all(k == 0 for k in res.ks[150:190] if k == 0) and 0 in res.ks[100:200]
+    assert np.median(res.ks[-100:]) >= 4
+
+
+def test_probes_are_rare_when_they_are_expensive() -> None:
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CPU_LIKE, lambda r: 0.0, tokens=3000)
+    probes = sum(k > 0 for k in res.ks[50:])
+    assert probes <= len(res.ks[50:]) * 0.05
+
+
+def test_new_request_probes_again_when_off() -> None:
+    ctl = AdaptiveDraftLength(4)
+    simulate(ctl, CPU_LIKE, lambda r: 0.0, tokens=300)
+    assert ctl.next_k() == 0 or ctl.current_k > 0
+    ctl.new_request()
+    assert ctl.next_k() > 0
+
+
+def test_not_adaptive_always_uses_the_bound() -> None:
+    ctl = AdaptiveDraftLength(3, adaptive=False)
+    res = simulate(ctl, CPU_LIKE, lambda r: 0.0, tokens=200)
+    assert set(res.ks) == {3}
+    assert AdaptiveDraftLength(0).next_k() == 0
+
+
+@pytest.mark.parametrize("true_a", [0.3, 0.6, 0.9])
+def test_acceptance_estimate_is_unbiased_under_truncation(true_a: float) -> None:
+    """Rounds cut at K must not bias the per-draft estimate (geometric MLE)."""
+    ctl = AdaptiveDraftLength(2, adaptive=False, acceptance_decay=1.0)
+    rng = np.random.default_rng(3)
+    for _ in range(4000):
+        accepted = 0
+        while accepted < 2 and rng.random() < true_a:
+            accepted += 1
+        ctl.record(2, 2, accepted, 0.001, 0.01)
+    assert ctl.acceptance == pytest.approx(true_a, abs=0.02)
+
+
+def test_expected_tokens_formula() -> None:
+    ctl = AdaptiveDraftLength(4)
+    assert ctl.expected_tokens(0, 0.5) == pytest.approx(1.0)
+    assert ctl.expected_tokens(2, 0.5) == pytest.approx(1.75)
+    assert ctl.expected_tokens(3, 1.0) == pytest.approx(4.0)
