@@ -1,0 +1,1 @@
+"""The ``modelhub`` command line: click commands that call the daemon through ``Client``."""

@@ -1,0 +1,413 @@
+"""Turn a Modelfile into a ``POST /api/create`` request and the local files it needs uploaded.
+
+Nothing here talks to the daemon: it reads the Modelfile, resolves FROM / ADAPTER / DRAFT
+paths relative to the Modelfile's directory (absolute, ``~`` and relative forms), scans
+directories for GGUF files, and hashes files. The CLI then uploads the blobs the daemon
+lacks and sends ``CreatePlan.request(digests)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modelhub.errors import BadRequest, InvalidName, ModelfileError
+from modelhub.modelfile import Command, parameters_from_commands, parse_modelfile
+from modelhub.modelfile.params import normalize_requires
+from modelhub.store.digests import sha256_file
+from modelhub.store.names import parse_name
+
+DEFAULT_MODELFILE = "Modelfile"
+# A Modelfile is a short text; anything this large is almost surely a model passed to -f.
+MAX_MODELFILE_BYTES = 16 * 1024 * 1024
+DRAFT_KEYWORDS = frozenset({"mtp", "ngram"})
+
+
+@dataclass
+class ModelfileSource:
+    """The Modelfile text, the directory its relative paths start from, and how to name it."""
+
+    text: str | bytes
+    base_dir: Path
+    label: str
+
+
+@dataclass
+class CreatePlan:
+    """What ``create`` will send: request fields plus the local files behind ``files``,
+    ``adapters`` and ``draft_files`` (request name -> path)."""
+
+    model: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    adapters: dict[str, Path] = field(default_factory=dict)
+    draft_files: dict[str, Path] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def local_files(self) -> list[Path]:
+        """Every file to hash and upload, each once, in request order."""
+        seen: dict[Path, None] = {}
+        for group in (self.files, self.adapters, self.draft_files):
+            for path in group.values():
+                seen.setdefault(path, None)
+        return list(seen)
+
+    def request(self, digests: Mapping[Path, str]) -> dict[str, Any]:
+        """The ``/api/create`` body, given the ``sha256:<hex>`` digest of each local file."""
+        body: dict[str, Any] = {"model": self.model, **self.fields}
+        for key, group in (
+            ("files", self.files),
+            ("adapters", self.adapters),
+            ("draft_files", self.draft_files),
+        ):
+            if group:
+                body[key] = {name: digests[path] for name, path in group.items()}
+        return body
+
+
+# -- reading the Modelfile ---------------------------------------------------------------------
+
+
+def load_modelfile(file_option: str | None, cwd: Path) -> ModelfileSource:
+    """The Modelfile named by ``-f`` (relative to ``cwd``), else ``./Modelfile``, else an
+    implicit ``FROM .`` when the current directory holds GGUF files."""
+    if file_option is not None:
+        path = _absolute(Path(os.path.expanduser(file_option)), cwd)
+        if not path.exists():
+            raise BadRequest(f"Modelfile not found: {file_option} (looked for {path})")
+        if path.is_dir():
+            raise BadRequest(f"{file_option} is a directory: pass the Modelfile's path to -f")
+        return ModelfileSource(_read_modelfile(path, file_option), path.parent, file_option)
+    default = cwd / DEFAULT_MODELFILE
+    if default.is_file():
+        return ModelfileSource(_read_modelfile(default, DEFAULT_MODELFILE), cwd, DEFAULT_MODELFILE)
+    if not any(p.is_file() for p in cwd.glob("*.gguf")):
+        raise BadRequest(
+            f"no Modelfile in {cwd} (and no GGUF file to use as an implicit `FROM .`): "
+            "write a Modelfile or pass one with -f FILE"
+        )
+    return ModelfileSource("FROM .\n", cwd, "(implicit FROM .)")
+
+
+def _read_modelfile(path: Path, label: str) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > MAX_MODELFILE_BYTES:
+            raise BadRequest(
+                f"{label} is {size} bytes, too large for a Modelfile; to use a model file, "
+                f"write a Modelfile containing `FROM {label}`"
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BadRequest(f"cannot read Modelfile {label}: {exc.strerror or exc}") from exc
+    if data.startswith(b"GGUF"):
+        raise BadRequest(
+            f"{label} is a GGUF model, not a Modelfile: write a Modelfile containing `FROM {label}`"
+        )
+    return data
+
+
+# -- paths ---------------------------------------------------------------------------------------
+
+
+def _absolute(path: Path, base_dir: Path) -> Path:
+    return Path(os.path.normpath(path if path.is_absolute() else base_dir / path))
+
+
+def expand_path(value: str, base_dir: Path) -> Path:
+    """Expand a FROM/ADAPTER/DRAFT value: absolute as is, ``~``/``~user`` to a home
+    directory, anything else relative to ``base_dir`` (the Modelfile's directory)."""
+    return _absolute(Path(os.path.expanduser(value)), base_dir)
+
+
+def _exists(path: Path, command: Command) -> bool:
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return False
+    except NotADirectoryError:
+        return False
+    except OSError as exc:
+        raise ModelfileError(
+            f"{command.args}: cannot access {path}: {exc.strerror or exc}", command.line
+        ) from exc
+    return True
+
+
+def scan_gguf_directory(directory: Path) -> list[Path]:
+    """The ``*.gguf`` files directly inside ``directory``, sorted by name."""
+    return sorted(p for p in directory.glob("*.gguf") if p.is_file())
+
+
+def relative_names(paths: Sequence[Path]) -> dict[str, Path]:
+    """Request names for files: their path relative to the common parent of all of them
+    (a single file is named by its base name), with forward slashes."""
+    if not paths:
+        return {}
+    if len(paths) == 1:
+        return {paths[0].name: paths[0]}
+    parent = Path(os.path.commonpath([p.parent for p in paths]))
+    return {p.relative_to(parent).as_posix(): p for p in paths}
+
+
+@dataclass
+class _LocalRef:
+    """A FROM/ADAPTER/DRAFT value that named an existing file or directory."""
+
+    command: Command
+    path: Path
+    canonical: Path
+
+
+def _local_ref(command: Command, base_dir: Path) -> _LocalRef | None:
+    path = expand_path(command.args, base_dir)
+    if not _exists(path, command):
+        return None
+    return _LocalRef(command, path, Path(os.path.realpath(path)))
+
+
+def _files_of(ref: _LocalRef, exclude: set[Path], keyword: str) -> list[Path]:
+    """The files a reference stands for; a directory scan skips files that another
+    instruction names on its own (``FROM .`` next to ``DRAFT ./draft.gguf``)."""
+    if not ref.path.is_dir():
+        return [ref.path]
+    found = [p for p in scan_gguf_directory(ref.path) if Path(os.path.realpath(p)) not in exclude]
+    if found:
+        return found
+    if any(ref.path.glob("*.safetensors")):
+        problem = "holds safetensors weights, which modelhub cannot import; convert them to GGUF"
+    elif scan_gguf_directory(ref.path):
+        problem = "holds no GGUF file besides those other instructions name"
+    else:
+        problem = "holds no GGUF file"
+    raise ModelfileError(
+        f"{keyword} {ref.command.args}: directory {ref.path} {problem}", ref.command.line
+    )
+
+
+# -- building the plan ---------------------------------------------------------------------------
+
+
+def plan_create(
+    model: str,
+    source: str | bytes,
+    base_dir: Path,
+    *,
+    quantize: str | None = None,
+    draft_quantize: str | None = None,
+) -> CreatePlan:
+    """Parse a Modelfile and build the create plan (see ``plan_from_commands``)."""
+    return plan_from_commands(
+        model, parse_modelfile(source), base_dir, quantize=quantize, draft_quantize=draft_quantize
+    )
+
+
+def plan_from_commands(
+    model: str,
+    commands: Sequence[Command],
+    base_dir: Path,
+    *,
+    quantize: str | None = None,
+    draft_quantize: str | None = None,
+) -> CreatePlan:
+    """Map parsed Modelfile commands onto a create request (§4.5 of the compatibility notes,
+    plus DRAFT's model-name and ``mtp``/``ngram`` forms). Raises ``ModelfileError`` with the
+    line of the offending instruction."""
+    parse_name(model)  # validated here; the daemon stores the name as sent
+    plan = CreatePlan(model=model.strip())
+
+    from_refs, draft_refs, adapter_ref = _resolve_local(commands, base_dir)
+    adapter_refs = [adapter_ref] if adapter_ref is not None else []
+    named = {
+        "FROM": _named_files(from_refs),
+        "DRAFT": _named_files(draft_refs),
+        "ADAPTER": _named_files(adapter_refs),
+    }
+
+    def files_for(keyword: str, refs: list[_LocalRef]) -> dict[str, Path]:
+        others = set().union(*(files for kind, files in named.items() if kind != keyword))
+        return relative_names(_dedupe(f for r in refs for f in _files_of(r, others, keyword)))
+
+    plan.files = files_for("FROM", from_refs)
+    plan.draft_files = files_for("DRAFT", draft_refs)
+    plan.adapters = files_for("ADAPTER", adapter_refs)
+    if len(plan.draft_files) > 1:
+        # The daemon pairs exactly one draft model with the target.
+        line = draft_refs[-1].command.line
+        names = ", ".join(sorted(plan.draft_files))
+        raise ModelfileError(
+            f"DRAFT resolves to {len(plan.draft_files)} GGUF files ({names}); "
+            "name the one draft model file",
+            line,
+        )
+
+    fields = plan.fields
+    from_name = _from_name(commands, base_dir)
+    if from_name is not None:
+        fields["from"] = from_name
+    draft_word = _draft_reference(commands, base_dir, has_files=bool(plan.draft_files))
+    if draft_word is not None:
+        fields["draft"] = draft_word
+    _add_text_fields(commands, fields)
+
+    parameters, warnings = parameters_from_commands(list(commands))
+    plan.warnings.extend(warnings)
+    if parameters:
+        fields["parameters"] = parameters
+    if quantize:
+        fields["quantize"] = quantize
+    if draft_quantize:
+        if draft_word is not None:
+            raise BadRequest(
+                f"--draft-quantize requires a DRAFT model file to quantize; DRAFT {draft_word} "
+                "is not a file"
+            )
+        if not plan.draft_files:
+            raise BadRequest("--draft-quantize requires a DRAFT model")
+        fields["draft_quantize"] = draft_quantize
+    return plan
+
+
+def _named_files(refs: Sequence[_LocalRef]) -> set[Path]:
+    """Canonical paths of the references that name a file (not a directory)."""
+    return {r.canonical for r in refs if not r.path.is_dir()}
+
+
+def _dedupe(paths: Iterable[Path]) -> list[Path]:
+    return list(dict.fromkeys(paths))
+
+
+def _resolve_local(
+    commands: Sequence[Command], base_dir: Path
+) -> tuple[list[_LocalRef], list[_LocalRef], _LocalRef | None]:
+    """Local FROM and DRAFT references in order, the last ADAPTER; checks that no DRAFT
+    names the same path as a FROM (either order)."""
+    from_refs: list[_LocalRef] = []
+    draft_refs: list[_LocalRef] = []
+    adapter: _LocalRef | None = None
+    for command in commands:
+        if command.name not in ("model", "draft", "adapter"):
+            continue
+        ref = _local_ref(command, base_dir)
+        if command.name == "adapter":
+            if ref is None:
+                path = expand_path(command.args, base_dir)
+                raise ModelfileError(f"ADAPTER {command.args}: no such file: {path}", command.line)
+            adapter = ref  # last ADAPTER wins, as in Ollama
+            continue
+        if ref is None:
+            continue
+        others = draft_refs if command.name == "model" else from_refs
+        if any(other.canonical == ref.canonical for other in others):
+            raise ModelfileError(
+                f"DRAFT must not reference the same local path as FROM: {ref.canonical}",
+                command.line,
+            )
+        (from_refs if command.name == "model" else draft_refs).append(ref)
+    return from_refs, draft_refs, adapter
+
+
+def _from_name(commands: Sequence[Command], base_dir: Path) -> str | None:
+    """The last FROM that names a model rather than a local path, validated."""
+    name = None
+    for command in commands:
+        if command.name != "model" or _exists(expand_path(command.args, base_dir), command):
+            continue
+        name = _checked_name("FROM", command, base_dir)
+    return name
+
+
+def _draft_reference(commands: Sequence[Command], base_dir: Path, *, has_files: bool) -> str | None:
+    """``mtp``, ``ngram`` or a model name from DRAFT lines that are not local paths.
+
+    A Modelfile drafts from one kind of source: files (several merge), or one keyword or name.
+    """
+    chosen: Command | None = None
+    value: str | None = None
+    for command in commands:
+        if command.name != "draft" or _exists(expand_path(command.args, base_dir), command):
+            continue
+        word = command.args.strip()
+        this = word.lower() if word.lower() in DRAFT_KEYWORDS else None
+        if this is None:
+            this = _checked_name("DRAFT", command, base_dir)
+        if has_files or (value is not None and value != this):
+            earlier = "a DRAFT file" if has_files else f"DRAFT {chosen.args if chosen else value}"
+            raise ModelfileError(
+                f"DRAFT {word}: conflicts with {earlier}; a Modelfile drafts from files, "
+                "`mtp`, `ngram` or one model name, not a mix",
+                command.line,
+            )
+        chosen, value = command, this
+    return value
+
+
+def _checked_name(keyword: str, command: Command, base_dir: Path) -> str:
+    """``command.args`` as a model name, verbatim; a clear error when it is neither a file
+    nor a valid name."""
+    raw = command.args.strip()
+    path = expand_path(command.args, base_dir)
+    if raw.lower().endswith((".gguf", ".safetensors", ".bin")):
+        raise ModelfileError(f"{keyword} {raw}: no such file: {path}", command.line)
+    try:
+        parse_name(raw)
+    except InvalidName as exc:
+        raise ModelfileError(
+            f"{keyword} {raw}: no such file, and not a model name "
+            f"(no file at {path}; {exc.message})",
+            command.line,
+        ) from exc
+    return raw
+
+
+def _add_text_fields(commands: Sequence[Command], fields: dict[str, Any]) -> None:
+    licenses: list[str] = []
+    messages: list[dict[str, str]] = []
+    for command in commands:
+        name, value = command.name, command.args
+        if name in ("template", "renderer", "parser"):
+            fields[name] = value
+        elif name == "system":
+            if value:  # an empty SYSTEM means "not given", as in Ollama
+                fields["system"] = value
+        elif name == "license":
+            licenses.append(value)
+        elif name == "message":
+            role, separator, content = value.partition(": ")
+            if not separator:
+                role, _, content = value.partition(":")
+            messages.append({"role": role.strip().lower(), "content": content})
+        elif name == "requires":
+            fields["requires"] = normalize_requires(command.args.strip(), command.line)
+    if licenses:
+        fields["license"] = licenses
+    if messages:
+        fields["messages"] = messages
+
+
+# -- hashing -------------------------------------------------------------------------------------
+
+
+def hash_files(
+    paths: Sequence[Path], on_done: Callable[[Path, str, int], None] | None = None
+) -> dict[Path, str]:
+    """``sha256:<hex>`` of each file (two at a time: hashing is I/O and C code)."""
+
+    def one(path: Path) -> tuple[Path, str, int]:
+        try:
+            digest, size = sha256_file(path)
+        except OSError as exc:
+            raise BadRequest(f"cannot read {path}: {exc.strerror or exc}") from exc
+        return path, digest, size
+
+    digests: dict[Path, str] = {}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for path, digest, size in pool.map(one, paths):
+            digests[path] = digest
+            if on_done is not None:
+                on_done(path, digest, size)
+    return digests

@@ -1,0 +1,93 @@
+"""The ``modelhub`` click group, the error policy and the entry point ``main()``.
+
+User errors (our ``ModelhubError`` hierarchy) print ``Error: <message>`` on stderr and exit
+with status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import httpx
+
+from modelhub import __version__
+from modelhub.cli import models, serve
+from modelhub.client import Client
+from modelhub.config import Settings
+from modelhub.errors import ModelhubError
+
+CLIENT_ENVIRONMENT = """\b
+Environment:
+  MODELHUB_HOST           Address of the daemon (default 127.0.0.1:11435)
+  MODELHUB_NO_AUTOSTART   Do not start a daemon in the background when none answers"""
+
+
+class ModelhubGroup(click.Group):
+    """A click group that turns our errors into ``Error: ...`` and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModelhubError as exc:
+            raise click.ClickException(exc.message) from None
+        except httpx.HTTPError as exc:  # anything the client did not already translate
+            raise click.ClickException(f"talking to the daemon failed: {exc}") from None
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``modelhub --version``: the daemon's version, and the client's when they differ."""
+    if not value or ctx.resilient_parsing:
+        return
+    try:
+        with Client(Settings.from_env().base_url, timeout=5.0) as client:
+            server_version = client.version()
+    except ModelhubError:
+        click.echo("Warning: could not connect to a running modelhub daemon", err=True)
+        click.echo(f"Warning: client version is {__version__}", err=True)
+    else:
+        click.echo(f"modelhub version is {server_version}")
+        if server_version != __version__:
+            click.echo(f"Warning: client version is {__version__}", err=True)
+    ctx.exit()
+
+
+@click.group(
+    cls=ModelhubGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=CLIENT_ENVIRONMENT,
+)
+@click.option(
+    "-v",
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the daemon's version (and the client's if different) and exit.",
+)
+def cli() -> None:
+    """Large language model runner with lossless speculative decoding.
+
+    Commands talk to the modelhub daemon over HTTP; if none is running on this machine,
+    one is started in the background (see `modelhub serve --help`).
+    """
+
+
+cli.add_command(serve.serve)
+cli.add_command(models.create)
+cli.add_command(models.show)
+cli.add_command(models.list_models)
+cli.add_command(models.list_models, name="ls")
+cli.add_command(models.copy)
+cli.add_command(models.remove)
+
+
+def main() -> None:
+    """Entry point of the ``modelhub`` command."""
+    try:
+        cli.main(prog_name="modelhub")
+    except ModelhubError as exc:  # raised while parsing options (e.g. a bad config file)
+        click.echo(f"Error: {exc.message}", err=True)
+        sys.exit(1)

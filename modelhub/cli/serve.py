@@ -1,0 +1,35 @@
+"""``modelhub serve``: run the daemon in the foreground."""
+
+from __future__ import annotations
+
+import click
+
+from modelhub.config import Settings
+
+SERVE_HELP = """Start the modelhub daemon in the foreground (Ctrl-C stops it).
+
+Other commands start one in the background when none answers; run it yourself to
+see its log, or to serve on another address.
+
+\b
+Environment:
+  MODELHUB_HOST               Address to listen on (default 127.0.0.1:11435)
+  MODELHUB_MODELS             Directory of the model store
+  MODELHUB_KEEP_ALIVE         How long a model stays loaded after use (default "5m")
+  MODELHUB_ORIGINS            Extra allowed browser origins, comma separated
+  MODELHUB_MAX_LOADED_MODELS  Models kept loaded at once (default 3)
+  MODELHUB_NUM_PARALLEL       Requests served at once per model (default 1)
+  MODELHUB_NUM_THREADS        CPU threads per model (default: all cores)
+  MODELHUB_MAX_QUEUE          Requests that may wait before "server busy" (default 512)
+  MODELHUB_NOPRUNE            Keep unreferenced blobs when overwriting a model
+  MODELHUB_CONFIG             YAML settings file (default: config.yaml in the user config dir)
+"""
+
+
+@click.command("serve", help=SERVE_HELP)
+def serve() -> None:
+    settings = Settings.from_env()
+    # Imported here: the server stack is heavy and only this command needs it.
+    from modelhub.server.app import serve as run_daemon
+
+    run_daemon(settings)
