@@ -695,3 +695,43 @@ def test_help_lists_environment_and_python_m_works() -> None:
     assert done.returncode == 0
     for command in ("create", "list", "ls", "show", "cp", "rm", "serve"):
         assert f"  {command} " in done.stdout
+
+
+def _processes_with_env(marker: bytes) -> list[int]:
+    """PIDs of processes whose environment holds ``marker`` (ours: a unique host:port)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the started daemon through /proc")
+def test_autostart_starts_a_daemon_and_reports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = f"127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("MODELHUB_HOST", address)
+    monkeypatch.setenv("MODELHUB_MODELS", str(tmp_path / "models"))
+    monkeypatch.setenv("MODELHUB_CONFIG", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.delenv("MODELHUB_NO_AUTOSTART", raising=False)
+    settings = Settings.from_env()
+    try:
+        with Client(settings.base_url) as client:
+            ensure_server(client, settings)
+            assert client.heartbeat() and client.list() == []
+            ensure_server(client, settings)  # already running: nothing more is started
+        err = capsys.readouterr().err
+        assert err.count("starting one") == 1
+        assert f"modelhub: no daemon at http://{address}; starting one (log: " in err
+        assert (tmp_path / "state" / "modelhub" / "log" / "server.log").is_file()
+    finally:
+        for pid in _processes_with_env(f"MODELHUB_HOST={address}".encode()):
+            if pid != os.getpid():
+                os.kill(pid, 15)

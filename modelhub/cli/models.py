@@ -98,7 +98,10 @@ def _hash_and_upload(client: Client, plan: CreatePlan, display: ProgressDisplay)
         if client.blob_exists(digest):
             continue
         size = path.stat().st_size
-        bar = display.start_task(f"copying file {digest}", size)
+        # Short digest while running (fits 80 columns), the full one in the closing line.
+        bar = display.start_task(
+            f"copying file {digest[:19]}", size, final=f"copying file {digest}"
+        )
 
         def advance(sent: int, total: int, bar: TaskID = bar) -> None:
             display.advance_to(bar, sent, total)

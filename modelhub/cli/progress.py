@@ -64,9 +64,12 @@ class ProgressDisplay:
         shown = text if text.lower().startswith("warning") else f"warning: {text}"
         self.line(shown, style="bold yellow")
 
-    def start_task(self, description: str, total: float | None = None) -> TaskID:
+    def start_task(
+        self, description: str, total: float | None = None, *, final: str | None = None
+    ) -> TaskID:
+        """Show a running task; ``final`` (default: ``description``) is its closing line."""
         task = self._progress.add_task(description, total=total)
-        self._descriptions[task] = description
+        self._descriptions[task] = final or description
         return task
 
     def advance_to(self, task: TaskID, completed: float, total: float | None = None) -> None:
