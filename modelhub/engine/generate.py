@@ -1,0 +1,615 @@
+"""The generation engine: prefill, the draft/verify loop, and everything a request sees.
+
+The loop keeps one invariant: the target's KV cache holds every accepted token except the last,
+the *pending* token, which opens the next verification batch ``[pending, d1..dK]`` (one
+``llama_decode``, logits on every row). Row i is the target's prediction after row i's token.
+Greedy requests keep the drafts that equal the target's choice; sampled requests use rejection
+sampling (``speculative.verify``); either way the output is what the target alone would produce
+(greedy: token for token; sampled: in distribution). Accepted tokens are committed one by one
+through the same stop logic as plain decoding, and every cache is cut back to the committed
+sequence after each round, so a stop, an end-of-generation token or a cancellation in the middle
+of a chunk leaves the caches consistent for the next request (the prompt cache).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from modelhub.engine.grammar import GrammarConstraint
+from modelhub.engine.llama import LlamaContext, LlamaModel, default_threads
+from modelhub.engine.sampling import Sampler, SamplingParams
+from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
+from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.draft_model import common_prefix
+from modelhub.engine.speculative.factory import (
+    Closable,
+    Preparing,
+    Seeded,
+    TargetObserver,
+    make_drafter,
+    prediction_drafter,
+)
+from modelhub.engine.speculative.verify import AcceptanceRule, rejection_step
+from modelhub.engine.textstream import TextStream
+from modelhub.errors import BadRequest, ModelhubError
+
+log = logging.getLogger("modelhub.engine")
+
+DraftKind = Literal["none", "draft_model", "mtp", "ngram"]
+DoneReason = Literal["stop", "length", "cancel"]
+
+
+@dataclass
+class EngineConfig:
+    """Load-time settings (changing one means loading the model again).
+
+    ``n_threads`` 0 means every core this process may use. ``draft_num_predict`` is the upper
+    bound K on drafts per round (0 disables drafting); with ``adaptive`` the engine picks K in
+    ``0..draft_num_predict`` from measured costs and acceptance. ``draft_min`` discards proposals
+    shorter than that; ``draft_p_min`` stops a draft model once its top probability falls below
+    it. ``draft_path`` is the draft GGUF for ``draft_model`` (for ``mtp`` it is unused: the
+    target's own NextN heads draft).
+    """
+
+    model_path: Path
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0
+    draft_kind: DraftKind = "none"
+    draft_path: Path | None = None
+    draft_num_predict: int = 4
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    adaptive: bool = True
+    embedding: bool = False
+
+
+@dataclass
+class GenerateOptions:
+    """Per-request options (Ollama's runtime options, ollama-compat.md §1.6).
+
+    ``num_predict`` < 0 means no limit but the context. ``seed`` < 0 or None draws a random seed.
+    ``grammar`` is GBNF text (see ``grammar.format_grammar`` for Ollama's ``format``); a
+    constrained request is decoded without drafting. ``draft_num_predict`` overrides the engine's
+    bound for this request (0 turns drafting off). ``acceptance_rule`` is the rejection-sampling
+    step; it is a parameter only so that tests can prove a wrong rule is detected.
+    ``sampling_verify`` selects how sampled requests verify drafts: ``"rejection"`` (rejection
+    sampling, the default) or ``"compare"`` (sample the target, accept while it equals the
+    draft: llama.cpp's rule, kept for benchmarks).
+    """
+
+    num_predict: int = -1
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    grammar: str | None = None
+    draft_num_predict: int | None = None
+    acceptance_rule: AcceptanceRule = rejection_step
+    sampling_verify: Literal["rejection", "compare"] = "rejection"
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            typical_p=self.typical_p,
+            repeat_penalty=self.repeat_penalty,
+            repeat_last_n=self.repeat_last_n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
+
+
+@dataclass
+class TokenEvent:
+    """One emitted token. ``text`` is what is safe to show now: incomplete UTF-8 sequences and a
+    possible beginning of a stop string are held back and arrive with later events. At the end,
+    held-back text that turned out not to be a stop string arrives in an event with
+    ``token == -1``. ``drafted`` is True when the token came from an accepted draft."""
+
+    token: int
+    text: str
+    drafted: bool
+
+
+@dataclass
+class GenerateResult:
+    """The outcome of one request.
+
+    ``tokens`` are the generated ids (without a final end-of-generation token); ``text`` is their
+    text cut before any stop string. ``prompt_eval_count`` counts the prompt tokens actually
+    evaluated (a prefix reused from the previous request is not); durations are nanoseconds.
+    Draft statistics follow SPEC-09: ``draft_count`` tokens proposed, ``draft_accepted_count``
+    of them kept (bonus tokens excluded), ``draft_steps`` rounds that verified drafts.
+    """
+
+    tokens: list[int]
+    text: str
+    done_reason: DoneReason
+    prompt_eval_count: int
+    prompt_eval_duration_ns: int
+    eval_count: int
+    eval_duration_ns: int
+    draft_count: int = 0
+    draft_accepted_count: int = 0
+    draft_steps: int = 0
+    draft_time_ns: int = 0
+    verify_time_ns: int = 0
+    drafter: str | None = None
+
+    @property
+    def acceptance(self) -> float:
+        return self.draft_accepted_count / self.draft_count if self.draft_count else 0.0
+
+
+class _Committer:
+    """Commits tokens one at a time: stop strings, end of generation, num_predict, cancel."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        options: GenerateOptions,
+        on_token: Callable[[TokenEvent], None] | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        self._model = model
+        self._stream = TextStream(options.stop)
+        self._limit = options.num_predict
+        self._on_token = on_token
+        self._cancel = cancel
+        self.generated: list[int] = []
+        self.done: DoneReason | None = None
+
+    def commit(self, token: int, drafted: bool) -> bool:
+        """Emit ``token``; False when generation ends with it."""
+        if self._model.is_eog(token):
+            self.done = "stop"
+            return False
+        self.generated.append(token)
+        text = self._stream.push(self._model.token_piece_bytes(token))
+        if self._on_token is not None:
+            self._on_token(TokenEvent(token, text, drafted))
+        if self._stream.stopped:
+            self.done = "stop"
+        elif 0 <= self._limit <= len(self.generated):
+            self.done = "length"
+        elif self.cancelled():
+            self.done = "cancel"
+        return self.done is None
+
+    def cancelled(self) -> bool:
+        return self._cancel is not None and self._cancel.is_set()
+
+    def finish(self) -> str:
+        tail = self._stream.finish()
+        if tail and self._on_token is not None:
+            self._on_token(TokenEvent(-1, tail, False))
+        return self._stream.text
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self._limit < 0 else self._limit - len(self.generated)
+
+
+@dataclass
+class _Round:
+    """What one draft/verify round produced."""
+
+    new: list[int]
+    proposed: int
+    accepted: int
+
+
+class Engine:
+    """A loaded target model (plus drafter) that generates for one request at a time."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        _validate_config(cfg)
+        self.cfg = cfg
+        self.n_threads = cfg.n_threads if cfg.n_threads > 0 else default_threads()
+        want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0
+        self.model = LlamaModel(Path(cfg.model_path), load_mtp=want_mtp)
+        train = self.model.n_ctx_train
+        n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
+        self.ctx = LlamaContext(
+            self.model, n_ctx=n_ctx, n_batch=cfg.n_batch, n_threads=self.n_threads
+        )
+        self.n_ctx = self.ctx.n_ctx
+        self._cached: list[int] = []  # exactly the tokens in the target's KV cache
+        self._lock = threading.Lock()
+        self._embed_ctx: LlamaContext | None = None
+        self.drafting_disabled: str | None = None
+        if self.model.is_recurrent or self.model.is_hybrid:
+            # Partial KV removal is impossible there; checkpoints are not implemented.
+            self.drafting_disabled = (
+                f"{self.model.architecture} keeps recurrent state that cannot be rolled back"
+            )
+        self.drafter: Drafter | None = None
+        if self.drafting_disabled is None:
+            try:
+                self.drafter = make_drafter(cfg, self.model, self.ctx, self.n_threads)
+            except BaseException:
+                self.close()
+                raise
+        elif cfg.draft_kind != "none":
+            log.warning("drafting disabled: %s", self.drafting_disabled)
+        self._controllers: dict[str, AdaptiveDraftLength] = {}
+
+    # ---- text --------------------------------------------------------------------------------
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.model.detokenize(tokens)
+
+    def token_piece_bytes(self, token: int) -> bytes:
+        return self.model.token_piece_bytes(token)
+
+    # ---- generation --------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_tokens: list[int],
+        options: GenerateOptions,
+        on_token: Callable[[TokenEvent], None] | None = None,
+        cancel: threading.Event | None = None,
+        prediction: list[int] | None = None,
+    ) -> GenerateResult:
+        """Generate after ``prompt_tokens``; see the module docstring for the guarantees.
+
+        ``on_token`` is called for each emitted token (from this thread); ``cancel`` is checked
+        between decode steps and after each emitted token; ``prediction`` (token ids of the
+        expected output, OpenAI's Predicted Outputs) drafts for this request in place of the
+        configured drafter.
+        """
+        with self._lock:
+            return self._generate(prompt_tokens, options, on_token, cancel, prediction)
+
+    def _generate(
+        self,
+        prompt: list[int],
+        options: GenerateOptions,
+        on_token: Callable[[TokenEvent], None] | None,
+        cancel: threading.Event | None,
+        prediction: list[int] | None,
+    ) -> GenerateResult:
+        self._check_prompt(prompt)
+        constraint = GrammarConstraint(self.model, options.grammar) if options.grammar else None
+        sampler = Sampler(
+            options.sampling(),
+            self.model.n_vocab,
+            n_ctx=self.n_ctx,
+            seed=options.seed,
+            constraint=constraint,
+        )
+        committer = _Committer(self.model, options, on_token, cancel)
+        drafter, k_max = self._request_drafter(options, prediction)
+
+        t_start = time.perf_counter_ns()
+        evaluated = self._prefill(prompt, committer)
+        t_prefilled = time.perf_counter_ns()
+        result = GenerateResult(
+            tokens=[],
+            text="",
+            done_reason="stop",
+            prompt_eval_count=evaluated,
+            prompt_eval_duration_ns=t_prefilled - t_start,
+            eval_count=0,
+            eval_duration_ns=0,
+            drafter=drafter.kind if drafter is not None else None,
+        )
+        if committer.cancelled():
+            return self._finish(result, committer, "cancel", t_prefilled)
+        if options.num_predict == 0:
+            return self._finish(result, committer, "length", t_prefilled)
+
+        tokens = list(prompt)
+        first = sampler.sample(self.ctx.last_logits(), tokens)
+        sampler.accept(first)
+        tokens.append(first)
+        controller: AdaptiveDraftLength | None = None
+        if drafter is not None:
+            if isinstance(drafter, Seeded):
+                seed = options.seed if options.seed is not None and options.seed >= 0 else None
+                drafter.reseed(None if seed is None else seed + 1)
+            drafter.begin(prompt)
+            controller = self._controller(drafter.kind, k_max)
+            controller.new_request()
+        if committer.commit(first, drafted=False):
+            self._loop(tokens, sampler, committer, drafter, controller, k_max, options, result)
+        return self._finish(result, committer, committer.done or "stop", t_prefilled)
+
+    def _loop(
+        self,
+        tokens: list[int],
+        sampler: Sampler,
+        committer: _Committer,
+        drafter: Drafter | None,
+        controller: AdaptiveDraftLength | None,
+        k_max: int,
+        options: GenerateOptions,
+        result: GenerateResult,
+    ) -> None:
+        while True:
+            if committer.cancelled():
+                committer.done = "cancel"
+                return
+            n_past = len(tokens) - 1
+            room = self.n_ctx - n_past  # positions left for [pending, drafts...]
+            if room < 1:
+                committer.done = "length"
+                return
+            k = controller.next_k() if controller is not None else 0
+            remaining = committer.remaining
+            k = min(k, k_max, room - 1, self.ctx.n_batch - 1)
+            if remaining is not None:
+                k = min(k, remaining - 1)
+            k = max(k, 0)
+
+            t0 = time.perf_counter_ns()
+            drafts: list[int] = []
+            q: npt.NDArray[np.float32] | None = None
+            if drafter is not None and k > 0:
+                if isinstance(drafter, Preparing):
+                    drafter.prepare(tokens)
+                t_prep = time.perf_counter_ns()
+                deterministic = sampler.greedy or options.sampling_verify == "compare"
+                probs = None if deterministic else sampler.probs
+                proposal = drafter.propose(tokens, k, probs)
+                drafts = [int(t) for t in proposal.tokens[:k]]
+                if proposal.probs is not None:
+                    q = proposal.probs[: len(drafts)]
+                if len(drafts) < max(1, self.cfg.draft_min):
+                    drafts, q = [], None
+            else:
+                t_prep = t0
+            t1 = time.perf_counter_ns()
+
+            rnd = self._verify(tokens, drafts, q, sampler, options)
+            t2 = time.perf_counter_ns()
+            kept = self._commit_round(tokens, rnd, committer, sampler)
+
+            if isinstance(self.drafter, TargetObserver):
+                self.drafter.rollback(len(tokens) - 1)
+            if drafter is not None:
+                drafter.commit(tokens)
+            if drafts:
+                result.draft_count += rnd.proposed
+                result.draft_accepted_count += min(rnd.accepted, kept)
+                result.draft_steps += 1
+                result.draft_time_ns += t1 - t0
+                result.verify_time_ns += t2 - t1
+            if controller is not None:
+                controller.record(
+                    k, len(drafts), rnd.accepted, (t1 - t_prep) / 1e9, (t2 - t1) / 1e9
+                )
+            if committer.done is not None:
+                return
+
+    def _verify(
+        self,
+        tokens: list[int],
+        drafts: list[int],
+        q: npt.NDArray[np.float32] | None,
+        sampler: Sampler,
+        options: GenerateOptions,
+    ) -> _Round:
+        """Decode ``[pending] + drafts`` in one batch and decide which tokens to emit."""
+        n_past = len(tokens) - 1
+        batch = [tokens[-1], *drafts]
+        self.ctx.decode(batch, n_past, "all" if drafts else "last")
+        self._cached.extend(batch)  # the cache now holds the whole batch
+        if isinstance(self.drafter, TargetObserver):
+            self.drafter.observe_target(batch, n_past)
+        if not drafts:
+            return _Round([sampler.sample(self.ctx.last_logits(), tokens)], 0, 0)
+        rows = self.ctx.logits()
+        new: list[int] = []
+        history = list(tokens)
+        for i in range(len(drafts) + 1):
+            row = rows[i]
+            if i == len(drafts):
+                new.append(sampler.sample(row, history))
+                break
+            draft = drafts[i]
+            if sampler.greedy or options.sampling_verify == "compare":
+                chosen = sampler.sample(row, history)
+                accepted = chosen == draft
+            else:
+                p = sampler.probs(row, history)
+                accepted, chosen = options.acceptance_rule(
+                    p, None if q is None else q[i], draft, sampler.rng
+                )
+            new.append(chosen)
+            if not accepted:
+                break
+            history.append(draft)
+        return _Round(new, len(drafts), len(new) - 1)
+
+    def _commit_round(
+        self, tokens: list[int], rnd: _Round, committer: _Committer, sampler: Sampler
+    ) -> int:
+        """Commit the round's tokens in order and cut the caches back; returns how many."""
+        n_past = len(tokens) - 1
+        count = 0
+        for i, token in enumerate(rnd.new):
+            count += 1
+            sampler.accept(token)
+            if not committer.commit(token, drafted=i < rnd.accepted):
+                break
+        tokens.extend(rnd.new[:count])
+        # Keep pending + the committed tokens except the new pending (the last one).
+        keep = n_past + count
+        if len(self._cached) > keep:
+            if not self.ctx.truncate(keep):
+                self.ctx.clear()
+                self._cached = []
+                raise ModelhubError("the target's cache could not be rolled back; it was reset")
+            del self._cached[keep:]
+        return count
+
+    def _prefill(self, prompt: list[int], committer: _Committer) -> int:
+        """Evaluate what the cache does not already hold; the last prompt token always."""
+        reuse = min(common_prefix(self._cached, prompt), len(prompt) - 1)
+        if reuse < len(self._cached):
+            if not self.ctx.truncate(reuse):
+                self.ctx.clear()
+                reuse = 0
+            del self._cached[reuse:]
+        if isinstance(self.drafter, TargetObserver):
+            self.drafter.rollback(reuse)
+        step = self.ctx.n_batch
+        for start in range(reuse, len(prompt), step):
+            if committer.cancelled():
+                break
+            chunk = prompt[start : start + step]
+            last = start + step >= len(prompt)
+            self.ctx.decode(chunk, start, "last" if last else "none")
+            self._cached.extend(chunk)
+            if isinstance(self.drafter, TargetObserver):
+                self.drafter.observe_target(chunk, start)
+        return len(self._cached) - reuse
+
+    def _finish(
+        self, result: GenerateResult, committer: _Committer, reason: DoneReason, t_gen: int
+    ) -> GenerateResult:
+        result.text = committer.finish()
+        result.tokens = committer.generated
+        result.eval_count = len(committer.generated)
+        result.eval_duration_ns = time.perf_counter_ns() - t_gen
+        result.done_reason = reason
+        return result
+
+    def _request_drafter(
+        self, options: GenerateOptions, prediction: list[int] | None
+    ) -> tuple[Drafter | None, int]:
+        """The drafter and its K bound for this request (None: plain decoding)."""
+        if self.drafting_disabled is not None or options.grammar:
+            return None, 0
+        k_max = self.cfg.draft_num_predict
+        if options.draft_num_predict is not None:
+            k_max = options.draft_num_predict
+        k_max = min(k_max, self.ctx.n_batch - 1)
+        if k_max <= 0:
+            return None, 0
+        if prediction:
+            return prediction_drafter(prediction), k_max
+        return self.drafter, k_max
+
+    def _controller(self, kind: str, k_max: int) -> AdaptiveDraftLength:
+        """One controller per drafter kind, kept across requests (costs do not change)."""
+        ctl = self._controllers.get(kind)
+        if ctl is None:
+            ctl = AdaptiveDraftLength(k_max, adaptive=self.cfg.adaptive)
+            self._controllers[kind] = ctl
+        ctl.max_k = k_max
+        return ctl
+
+    def _check_prompt(self, prompt: Sequence[int]) -> None:
+        if not prompt:
+            raise BadRequest("the prompt is empty: at least one token is needed")
+        if len(prompt) >= self.n_ctx:
+            raise BadRequest(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx}: "
+                "shorten the prompt or load the model with a larger num_ctx"
+            )
+        bad = [t for t in prompt if not 0 <= t < self.model.n_vocab]
+        if bad:
+            raise BadRequest(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.model.n_vocab - 1})"
+            )
+
+    # ---- embeddings ----------------------------------------------------------------------------
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Mean-pooled, L2-normalised embeddings (one per text), from a separate context."""
+        with self._lock:
+            ctx = self._embedding_context()
+            out: list[list[float]] = []
+            for text in texts:
+                tokens = self.model.tokenize(text, add_special=True, parse_special=False)
+                if not tokens:
+                    raise BadRequest("cannot embed an empty input")
+                if len(tokens) > ctx.n_batch:
+                    raise BadRequest(
+                        f"input has {len(tokens)} tokens; at most {ctx.n_batch} can be embedded"
+                    )
+                ctx.clear()
+                ctx.decode(tokens, 0, "all")
+                vector = ctx.embeddings_seq().astype(np.float64)
+                norm = float(np.linalg.norm(vector))
+                out.append((vector / norm if norm > 0 else vector).tolist())
+            return out
+
+    def _embedding_context(self) -> LlamaContext:
+        if self._embed_ctx is None:
+            size = min(self.n_ctx, 8192)
+            pooling = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            native = self.model.meta(f"{self.model.architecture}.pooling_type")
+            if native is not None and native.isdigit() and int(native) > 0:
+                pooling = int(native)
+            self._embed_ctx = LlamaContext(
+                self.model,
+                n_ctx=size,
+                n_batch=size,
+                n_threads=self.n_threads,
+                embeddings=True,
+                pooling=pooling,
+            )
+        return self._embed_ctx
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        if isinstance(self.drafter, Closable):
+            self.drafter.close()
+        self.drafter = None
+        if self._embed_ctx is not None:
+            self._embed_ctx.close()
+            self._embed_ctx = None
+        if getattr(self, "ctx", None) is not None:
+            self.ctx.close()
+        self.model.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _validate_config(cfg: EngineConfig) -> None:
+    if cfg.n_ctx < 8:
+        raise BadRequest(f"num_ctx={cfg.n_ctx} is too small: use at least 8")
+    if cfg.n_batch < 1:
+        raise BadRequest(f"num_batch={cfg.n_batch} must be at least 1")
+    if cfg.draft_num_predict < 0:
+        raise BadRequest("draft_num_predict must be 0 (off) or positive")
+    if cfg.draft_kind != "none" and cfg.draft_num_predict + 1 > cfg.n_batch:
+        raise BadRequest(
+            f"draft_num_predict={cfg.draft_num_predict} needs num_batch >= "
+            f"{cfg.draft_num_predict + 1} (the pending token plus every draft in one batch); "
+            f"num_batch is {cfg.n_batch}"
+        )
+    if not 0.0 <= cfg.draft_p_min <= 1.0:
+        raise BadRequest(f"draft_p_min={cfg.draft_p_min} must be between 0 and 1")
+    if cfg.draft_kind == "draft_model" and cfg.draft_path is None:
+        raise BadRequest("draft_kind 'draft_model' needs draft_path")

@@ -1,0 +1,94 @@
+"""Constrained output: JSON, JSON schema and raw GBNF grammars.
+
+Schemas become GBNF through llama-cpp-python's converter (``LlamaGrammar``); the grammar itself
+runs in llama.cpp's grammar sampler, which we use only as a mask over a token-data array and
+advance with each emitted token. Speculation is off for constrained requests (SPEC-12), so the
+mask only ever sees the committed sequence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from typing import Any
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+from modelhub.engine.llama import LlamaModel, recent_native_messages
+from modelhub.engine.sampling import FloatArray
+from modelhub.errors import BadRequest
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+
+
+def json_grammar() -> str:
+    """GBNF for any JSON value (Ollama's ``format: "json"``)."""
+    return JSON_GBNF
+
+
+def schema_grammar(schema: dict[str, Any] | str) -> str:
+    """GBNF for a JSON schema (Ollama's ``format: {...}``)."""
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    try:
+        return LlamaGrammar.from_json_schema(text, verbose=False)._grammar
+    except (ValueError, KeyError, TypeError, RecursionError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"format: the JSON schema cannot be turned into a grammar: {exc}") from exc
+
+
+def format_grammar(fmt: str | dict[str, Any] | None) -> str | None:
+    """Map Ollama's ``format`` field to GBNF: "json", a schema object, or ""/None (none)."""
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return json_grammar()
+    if isinstance(fmt, dict):
+        return schema_grammar(fmt)
+    raise BadRequest(f'format must be "json" or a JSON schema object, not {fmt!r}')
+
+
+class GrammarConstraint:
+    """A GBNF grammar as a token mask that advances with each accepted token."""
+
+    def __init__(self, model: LlamaModel, gbnf: str, root: str = "root") -> None:
+        handle = llama_cpp.llama_sampler_init_grammar(model.vocab, gbnf.encode(), root.encode())
+        if not handle:
+            detail = recent_native_messages() or "parse error"
+            raise BadRequest(f"invalid grammar: {detail}")
+        self._handle: Any = handle
+        self._n_vocab = model.n_vocab
+        self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
+        self._data["id"] = np.arange(model.n_vocab, dtype=np.int32)
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+
+    def _apply(self, data: np.ndarray[Any, Any]) -> None:
+        array = llama_cpp.llama_token_data_array(
+            data=data.ctypes.data_as(llama_cpp.llama_token_data_p),
+            size=len(data),
+            selected=-1,
+            sorted=False,
+        )
+        llama_cpp.llama_sampler_apply(self._handle, ctypes.byref(array))
+
+    def allows(self, token: int) -> bool:
+        self._one["id"] = token
+        self._one["logit"] = 0.0
+        self._apply(self._one)
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def mask(self, logits: FloatArray) -> None:
+        self._data["logit"] = logits
+        self._apply(self._data)
+        logits[:] = self._data["logit"]
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self._handle, token)
+
+    def close(self) -> None:
+        if self._handle:
+            llama_cpp.llama_sampler_free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,294 @@
+"""A thin, typed wrapper over llama-cpp-python's low-level API.
+
+Only what the engine needs: load a model, create contexts (flash attention on, which makes batched
+decoding bit-identical to one-token decoding for quantised weights on CPU), tokenize, decode a
+batch at given positions with logits on chosen rows, read logits rows as zero-copy numpy views,
+and roll the KV cache back. Everything here maps one-to-one to a llama.cpp call; policy lives in
+``generate.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from modelhub.errors import GGUFError, ModelhubError
+
+log = logging.getLogger("modelhub.llama")
+
+LogitsMode = Literal["none", "last", "all"]
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_recent_messages: collections.deque[str] = collections.deque(maxlen=12)
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
+_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
+
+
+def _on_native_log(level: int, text: bytes, _user_data: Any) -> None:
+    message = text.decode("utf-8", errors="replace").rstrip()
+    if not message:
+        return
+    if level in _LEVELS:
+        _recent_messages.append(message)
+        log.log(_LEVELS[level], "%s", message)
+    else:
+        log.debug("%s", message)
+
+
+# Kept at module level: llama.cpp holds the pointer for the life of the process.
+_log_callback = llama_cpp.llama_log_callback(_on_native_log)
+
+
+def ensure_backend() -> None:
+    """Initialise llama.cpp once per process and route its log into ``logging``."""
+    global _backend_ready
+    with _backend_lock:
+        if _backend_ready:
+            return
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+def recent_native_messages() -> str:
+    """The last warnings/errors llama.cpp logged (to explain a failure to the user)."""
+    return " | ".join(_recent_messages)
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaModel:
+    """Weights and vocabulary of one GGUF file."""
+
+    def __init__(self, path: Path, *, load_mtp: bool = False, vocab_only: bool = False) -> None:
+        ensure_backend()
+        if not path.is_file():
+            raise GGUFError(f"model file not found: {path}")
+        params = llama_cpp.llama_model_default_params()
+        params.load_mtp = load_mtp
+        params.vocab_only = vocab_only
+        _recent_messages.clear()
+        handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not handle:
+            detail = recent_native_messages() or "no details"
+            raise GGUFError(f"llama.cpp could not load {path.name}: {detail}")
+        self.path = path
+        self.handle: Any = handle
+        self.load_mtp = load_mtp
+        self.vocab = llama_cpp.llama_model_get_vocab(handle)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(handle))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(handle))
+        self.n_layer_nextn = int(llama_cpp.llama_model_n_layer_nextn(handle))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(handle))
+        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(handle))
+        self.architecture = self.meta("general.architecture") or "unknown"
+        self._pieces: dict[int, bytes] = {}
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(512)
+        n = llama_cpp.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(
+            self.vocab, data, len(data), tokens, capacity, add_special, parse_special
+        )
+        if n < 0:
+            capacity = -n
+            tokens = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), tokens, capacity, add_special, parse_special
+            )
+            if n < 0:
+                raise ModelhubError("tokenization failed")
+        return list(tokens[:n])
+
+    def token_piece_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as nothing, as in llama-server)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        piece = buf.raw[: max(n, 0)]
+        self._pieces[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_piece_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def token_text(self, token: int) -> str:
+        raw = llama_cpp.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        if self.handle:
+            llama_cpp.llama_model_free(self.handle)
+            self.handle = None
+
+
+class LlamaContext:
+    """One inference context (its own KV cache) over a loaded model, single sequence 0."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_threads: int,
+        flash_attn: bool = True,
+        embeddings: bool = False,
+        pooling: int | None = None,
+        ctx_type: int = llama_cpp.LLAMA_CONTEXT_TYPE_DEFAULT,
+        ctx_other: LlamaContext | None = None,
+        n_outputs_max: int = 0,
+    ) -> None:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        params.embeddings = embeddings
+        if pooling is not None:
+            params.pooling_type = pooling
+        params.ctx_type = ctx_type
+        params.n_outputs_max = n_outputs_max
+        params.no_perf = True
+        if ctx_other is not None:
+            params.ctx_other = ctx_other.handle
+        _recent_messages.clear()
+        handle = llama_cpp.llama_init_from_model(model.handle, params)
+        if not handle:
+            detail = recent_native_messages() or "no details"
+            raise ModelhubError(
+                f"llama.cpp could not create a context for {model.path.name} "
+                f"(n_ctx={n_ctx}, n_batch={n_batch}): {detail}"
+            )
+        self.model = model
+        self.handle: Any = handle
+        self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
+        self.n_batch = n_batch
+        self.memory = llama_cpp.llama_get_memory(handle)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
+        n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
+        n_seq[:] = 1
+        for i in range(n_batch):
+            self._batch.seq_id[i][0] = 0
+        self._n_outputs = 0
+
+    def decode(self, tokens: Sequence[int], start: int, logits: LogitsMode = "last") -> None:
+        """Evaluate ``tokens`` at positions ``start..`` (one llama_decode; len <= n_batch)."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        if start + n > self.n_ctx:
+            raise ModelhubError(
+                f"context is full: {start + n} tokens needed, the context holds {self.n_ctx}"
+            )
+        self._tok[:n] = tokens
+        self._pos[:n] = np.arange(start, start + n, dtype=np.int32)
+        if logits == "all":
+            self._out[:n] = 1
+            self._n_outputs = n
+        else:
+            self._out[:n] = 0
+            if logits == "last":
+                self._out[n - 1] = 1
+            self._n_outputs = 1 if logits == "last" else 0
+        self._batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self.handle, self._batch)
+        if rc != 0:
+            # On failure the cache may hold part of the batch: drop it so the caller's view of the
+            # cache (everything before ``start``) stays true.
+            self.truncate(start)
+            detail = recent_native_messages()
+            raise ModelhubError(f"llama_decode failed (code {rc}) at position {start}: {detail}")
+
+    def decode_chunked(self, tokens: Sequence[int], start: int, logits_last: bool) -> None:
+        """Evaluate a long sequence in n_batch chunks (prefill)."""
+        for offset in range(0, len(tokens), self.n_batch):
+            chunk = tokens[offset : offset + self.n_batch]
+            last = offset + self.n_batch >= len(tokens)
+            self.decode(chunk, start + offset, "last" if (last and logits_last) else "none")
+
+    def logits(self) -> npt.NDArray[np.float32]:
+        """All logits rows of the last decode, in batch order (a view: valid until the next)."""
+        ptr = llama_cpp.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.model.n_vocab))
+
+    def last_logits(self) -> npt.NDArray[np.float32]:
+        ptr = llama_cpp.llama_get_logits_ith(self.handle, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def truncate(self, keep: int) -> bool:
+        """Drop every cached position >= ``keep``; False when the memory cannot (recurrent)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, 0, keep, -1))
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def pos_max(self) -> int:
+        """Highest cached position (-1 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, 0))
+
+    def embeddings_seq(self) -> npt.NDArray[np.float32]:
+        ptr = llama_cpp.llama_get_embeddings_seq(self.handle, 0)
+        if not ptr:
+            raise ModelhubError("this context produced no pooled embedding")
+        n = int(llama_cpp.llama_model_n_embd_out(self.model.handle)) or self.model.n_embd
+        return np.ctypeslib.as_array(ptr, shape=(n,)).copy()
+
+    def close(self) -> None:
+        if self.handle:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.handle)
+            self.handle = None

@@ -1,0 +1,127 @@
+"""Building the drafter an engine was configured with, and the optional drafter capabilities.
+
+``base.Drafter`` is the contract every drafter meets. Some drafters can do more, and the engine
+asks for that through the small protocols below rather than by drafter kind:
+
+- :class:`Preparing`: catch up on the accepted sequence before drafting (a draft model decoding
+  the tokens it has not seen), so the engine can time that apart from drafting proper;
+- :class:`Seeded`: a drafter that samples takes the request's seed;
+- :class:`TargetObserver`: sees every target decode (MTP heads need the target's hidden states);
+- :class:`Closable`: holds native resources.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from modelhub.engine.llama import LlamaContext, LlamaModel
+from modelhub.engine.speculative.base import Drafter
+from modelhub.errors import DraftError
+
+if TYPE_CHECKING:
+    from modelhub.engine.generate import EngineConfig
+
+log = logging.getLogger("modelhub.engine")
+
+
+@runtime_checkable
+class Preparing(Protocol):
+    def prepare(self, tokens: Sequence[int]) -> bool: ...
+
+
+@runtime_checkable
+class Seeded(Protocol):
+    def reseed(self, seed: int | None) -> None: ...
+
+
+@runtime_checkable
+class TargetObserver(Protocol):
+    def observe_target(self, tokens: Sequence[int], start: int) -> None:
+        """The target just decoded ``tokens`` at positions ``start..`` (its memory is current)."""
+
+    def rollback(self, keep: int) -> None:
+        """The target kept only positions ``< keep``."""
+
+
+@runtime_checkable
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def make_drafter(
+    cfg: EngineConfig, target: LlamaModel, target_ctx: LlamaContext, n_threads: int
+) -> Drafter | None:
+    """The configured drafter, or None for ``draft_kind="none"`` / ``draft_num_predict=0``."""
+    if cfg.draft_kind == "none" or cfg.draft_num_predict <= 0:
+        return None
+    if cfg.draft_kind == "draft_model":
+        return _draft_model(cfg, target, n_threads)
+    if cfg.draft_kind == "mtp":
+        from modelhub.engine.speculative.mtp import MtpDrafter
+
+        return MtpDrafter(
+            target,
+            target_ctx,
+            n_threads=n_threads,
+            p_min=cfg.draft_p_min,
+            max_draft=cfg.draft_num_predict,
+        )
+    if cfg.draft_kind == "ngram":
+        return ngram_drafter(target.path)
+    raise DraftError(f"unknown draft kind {cfg.draft_kind!r}: use none, draft_model, mtp or ngram")
+
+
+def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int) -> Drafter:
+    from modelhub.draft_pairing import check_draft_pairing
+    from modelhub.engine.speculative.draft_model import DraftModelDrafter
+    from modelhub.gguf_info import read_gguf_info
+
+    if cfg.draft_path is None:
+        raise DraftError("draft_kind 'draft_model' needs draft_path (the draft GGUF)")
+    draft_path = Path(cfg.draft_path)
+    if not draft_path.is_file():
+        raise DraftError(f"draft model file not found: {draft_path}")
+    # Checked again at load (not only at create): never reach native code with a bad pair.
+    report = check_draft_pairing(
+        read_gguf_info(target.path, with_tokens=True),
+        read_gguf_info(draft_path, with_tokens=True),
+        target.path,
+        draft_path,
+    )
+    for warning in report.warnings:
+        log.warning("draft %s: %s", draft_path.name, warning)
+    return DraftModelDrafter(
+        draft_path,
+        target_vocab=target.n_vocab,
+        n_ctx=cfg.n_ctx,
+        n_batch=cfg.n_batch,
+        n_threads=n_threads,
+        p_min=cfg.draft_p_min,
+    )
+
+
+# One n-gram pool per target model, shared by every engine (and request) in the process.
+_ngram_pools: dict[str, object] = {}
+
+
+def ngram_drafter(model_path: Path) -> Drafter:
+    from modelhub.engine.speculative.ngram import NgramDrafter, NgramPool
+
+    key = str(model_path.resolve())
+    pool = _ngram_pools.get(key)
+    if not isinstance(pool, NgramPool):
+        pool = NgramPool()
+        _ngram_pools[key] = pool
+    drafter: Drafter = NgramDrafter(pool)
+    return drafter
+
+
+def prediction_drafter(prediction: Sequence[int]) -> Drafter:
+    """A drafter for one request's caller-supplied expected output (OpenAI ``prediction``)."""
+    from modelhub.engine.speculative.prediction import PredictionDrafter
+
+    drafter: Drafter = PredictionDrafter(list(prediction))
+    return drafter
