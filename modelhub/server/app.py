@@ -1,0 +1,93 @@
+"""The daemon: a FastAPI app behind the Host/Origin guard, served by uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from modelhub import __version__
+from modelhub.config import Settings
+from modelhub.errors import ModelhubError
+from modelhub.server.routes_models import router as models_router
+from modelhub.server.security import GuardMiddleware
+from modelhub.server.state import ServerState
+
+log = logging.getLogger("modelhub.server")
+
+
+def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
+    app = FastAPI(title="modelhub", version=__version__, docs_url=None, redoc_url=None)
+    app.state.modelhub = state or ServerState.from_settings(settings)
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return PlainTextResponse("modelhub is running")
+
+    @app.api_route("/api/version", methods=["GET", "HEAD"])
+    async def version() -> Response:
+        return JSONResponse({"version": __version__})
+
+    app.include_router(models_router)
+
+    @app.exception_handler(ModelhubError)
+    async def modelhub_error(_: Request, exc: ModelhubError) -> Response:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return JSONResponse(
+            {"error": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=400
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return PlainTextResponse("404 page not found", status_code=404)
+        if exc.status_code == 405:
+            return PlainTextResponse("405 method not allowed", status_code=405)
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return JSONResponse({"error": f"internal error: {exc}"}, status_code=500)
+
+    return app
+
+
+def build_asgi(settings: Settings, state: ServerState | None = None) -> GuardMiddleware:
+    return GuardMiddleware(create_app(settings, state), origins=settings.origins)
+
+
+def serve(settings: Settings) -> None:
+    """Run the daemon in the foreground until interrupted."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    state = ServerState.from_settings(settings)
+    removed = state.store.prune() if not settings.noprune else []
+    if removed:
+        log.info("pruned %d unreferenced blob(s)", len(removed))
+    host = settings.host or "0.0.0.0"
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s: anyone who can reach this address can use the API", host)
+    print(
+        f"modelhub {__version__} listening on {settings.base_url} (models: {settings.models_dir})",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        build_asgi(settings, state),
+        host=host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )

@@ -1,0 +1,259 @@
+"""Ollama-compatible model management routes: tags, show, create, copy, delete, blobs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from modelhub.create import CreateRequest, Creator
+from modelhub.errors import BadRequest, ModelhubError, NotFound
+from modelhub.gguf_info import capabilities, model_info_for_show
+from modelhub.model_view import ModelView
+from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
+from modelhub.server.requests import field, model_field, read_json, str_map
+from modelhub.server.state import ServerState, get_state
+from modelhub.server.streaming import run_streaming
+from modelhub.store import ModelName, parse_digest, parse_name
+
+router = APIRouter()
+
+
+def _name(raw: str, message: str = "invalid model name") -> ModelName:
+    try:
+        return parse_name(raw)
+    except ModelhubError as exc:
+        raise BadRequest(message) from exc
+
+
+def tag_entry(view: ModelView) -> dict[str, Any]:
+    stored = view.stored
+    entry: dict[str, Any] = {
+        "name": stored.name.display,
+        "model": stored.name.display,
+        "modified_at": view.modified_at,
+        "size": stored.size,
+        "digest": stored.digest,
+        "details": view.details(),
+    }
+    if view.info is not None:
+        entry["capabilities"] = capabilities(view.info, view.template)
+    return entry
+
+
+@router.api_route("/api/tags", methods=["GET", "HEAD"])
+async def tags(request: Request) -> Response:
+    state = get_state(request)
+    models = []
+    for stored in await asyncio.to_thread(state.store.list_models):
+        try:
+            view = await asyncio.to_thread(state.views.view, stored)
+        except ModelhubError as exc:
+            state.log.warning("skipping %s: %s", stored.name.display, exc)
+            continue
+        models.append(tag_entry(view))
+    return JSONResponse({"models": models})
+
+
+def show_payload(
+    view: ModelView, verbose: bool, system: str | None, options: dict[str, Any]
+) -> dict[str, Any]:
+    params = dict(view.parameters)
+    params.update(options)
+    draft = view.draft
+    draft_line: str | None = None
+    if draft is not None:
+        draft_line = str(view.draft_path) if view.draft_path is not None else str(draft.get("kind"))
+    spec = RenderSpec(
+        short_name=view.name.display,
+        from_line=str(view.model_path) if view.model_path else view.name.display,
+        adapters=[str(p) for p in view.adapter_paths],
+        draft=draft_line,
+        template=view.template,
+        system=system if system else view.system,
+        renderer=view.config.get("renderer"),
+        parser=view.config.get("parser"),
+        parameters=params,
+        licenses=view.licenses,
+        messages=[
+            {"role": m.get("role", ""), "content": m.get("content", "")} for m in view.messages
+        ],
+    )
+    out: dict[str, Any] = {}
+    if view.licenses:
+        out["license"] = "\n".join(view.licenses)
+    out["modelfile"] = render_modelfile(spec)
+    if params:
+        out["parameters"] = format_parameters(params)
+    template = view.template or (view.info.chat_template if view.info else None) or ""
+    out["template"] = template
+    if system or view.system:
+        out["system"] = system or view.system
+    out["details"] = view.details()
+    if view.messages:
+        out["messages"] = view.messages
+    if view.info is not None:
+        out["model_info"] = model_info_for_show(view.info, verbose)
+        out["capabilities"] = capabilities(view.info, view.template)
+        if verbose:
+            out["tensors"] = [
+                {"name": t.name, "type": t.type_name, "shape": list(t.shape)}
+                for t in view.info.tensors
+            ]
+    else:
+        out["model_info"] = {}
+        out["capabilities"] = []
+    if draft is not None:
+        out["draft"] = _draft_summary(view, params)
+    out["modified_at"] = view.modified_at
+    if view.config.get("requires"):
+        out["requires"] = view.config["requires"]
+    return out
+
+
+def _draft_summary(view: ModelView, params: dict[str, Any]) -> dict[str, Any]:
+    draft = dict(view.draft or {})
+    if view.draft_layer is not None:
+        draft["digest"] = view.draft_layer.digest
+        draft["from"] = view.draft_layer.from_ or ""
+        draft["size"] = view.draft_layer.size
+    for key in ("draft_num_predict", "draft_min", "draft_p_min"):
+        if key in params:
+            draft[key] = params[key]
+    return draft
+
+
+@router.post("/api/show")
+async def show(request: Request) -> Response:
+    state = get_state(request)
+    data = await read_json(request)
+    raw = model_field(data)
+    if not raw:
+        raise BadRequest("model is required")
+    name = _name(raw)
+    verbose = field(data, "verbose", bool, False)
+    system = field(data, "system", str, "")
+    options = field(data, "options", dict, {})
+    try:
+        view = await asyncio.to_thread(state.views.get, name)
+    except NotFound as exc:
+        raise NotFound(f"model '{name.display}' not found") from exc
+    return JSONResponse(show_payload(view, verbose, system or None, options))
+
+
+@router.delete("/api/delete")
+async def delete(request: Request) -> Response:
+    state = get_state(request)
+    data = await read_json(request)
+    raw = model_field(data)
+    if not raw:
+        raise BadRequest("model is required")
+    name = _name(raw, f'name "{raw}" is invalid')
+    try:
+        await asyncio.to_thread(state.store.delete, name)
+    except NotFound as exc:
+        raise NotFound(f"model '{raw}' not found") from exc
+    state.on_model_changed(name)
+    return Response(status_code=200)
+
+
+@router.post("/api/copy")
+async def copy(request: Request) -> Response:
+    state = get_state(request)
+    data = await read_json(request)
+    src_raw = field(data, "source", str, "").strip()
+    dst_raw = field(data, "destination", str, "").strip()
+    src = _name(src_raw, f'source "{src_raw}" is invalid')
+    dst = _name(dst_raw, f'destination "{dst_raw}" is invalid')
+    try:
+        await asyncio.to_thread(state.store.copy, src, dst)
+    except NotFound as exc:
+        raise NotFound(f'model "{src_raw}" not found') from exc
+    return Response(status_code=200)
+
+
+@router.head("/api/blobs/{digest}")
+async def blob_head(request: Request, digest: str) -> Response:
+    state = get_state(request)
+    try:
+        canonical = parse_digest(digest, lenient=True)
+    except ModelhubError:
+        return JSONResponse({"error": "invalid digest format"}, status_code=400)
+    if state.store.has_blob(canonical):
+        return Response(status_code=200)
+    return Response(status_code=404)
+
+
+@router.post("/api/blobs/{digest}")
+async def blob_upload(request: Request, digest: str) -> Response:
+    state = get_state(request)
+    expected = parse_digest(digest)  # strict: the digest we compare against byte for byte
+    if state.store.has_blob(expected):
+        return Response(status_code=200)
+    writer = state.store.blob_writer(max_size=state.max_blob_size)
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                await asyncio.to_thread(writer.write, chunk)
+        await asyncio.to_thread(writer.commit, expected)
+    except BaseException:
+        writer.abort()
+        raise
+    return Response(status_code=201)
+
+
+def parse_create(data: dict[str, Any]) -> CreateRequest:
+    raw = model_field(data)
+    if not raw:
+        raise BadRequest("invalid model name")
+    name = _name(raw)
+    license_value = data.get("license")
+    if isinstance(license_value, str):
+        licenses = [license_value]
+    elif license_value is None:
+        licenses = []
+    elif isinstance(license_value, list) and all(isinstance(x, str) for x in license_value):
+        licenses = list(license_value)
+    else:
+        raise BadRequest('field "license" must be a string or an array of strings')
+    messages = data.get("messages")
+    if messages is not None and not isinstance(messages, list):
+        raise BadRequest('field "messages" must be an array of {"role","content"} objects')
+    quantize = field(data, "quantize", str, "") or field(data, "quantization", str, "")
+    return CreateRequest(
+        model=name,
+        from_=field(data, "from", str, "").strip() or None,
+        files=str_map(data, "files"),
+        adapters=str_map(data, "adapters"),
+        draft_files=str_map(data, "draft_files"),
+        draft=field(data, "draft", str, "").strip() or None,
+        template=field(data, "template", str, "") or None,
+        system=field(data, "system", str, "") or None,
+        parameters=dict(field(data, "parameters", dict, {})),
+        messages=messages,
+        license=licenses,
+        quantize=quantize or None,
+        draft_quantize=field(data, "draft_quantize", str, "") or None,
+        requires=field(data, "requires", str, "") or None,
+        renderer=field(data, "renderer", str, "") or None,
+        parser=field(data, "parser", str, "") or None,
+    )
+
+
+@router.post("/api/create")
+async def create(request: Request) -> Response:
+    state: ServerState = get_state(request)
+    data = await read_json(request)
+    req = parse_create(data)
+    stream = field(data, "stream", bool, True)
+    from modelhub.create import check_request
+
+    check_request(req)  # 400s before anything is streamed
+
+    def job(emit: Any) -> None:
+        Creator(state.store, state.views, emit).run(req)
+        state.on_model_changed(req.model)
+
+    return await run_streaming(job, stream)

@@ -1,0 +1,35 @@
+"""What the running daemon holds: settings, the store and the services built on it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import cast
+
+from fastapi import Request
+
+from modelhub.config import Settings
+from modelhub.model_view import ModelViews
+from modelhub.store import ModelName, Store
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    store: Store
+    views: ModelViews
+    max_blob_size: int | None = None
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("modelhub.server"))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServerState:
+        store = Store(settings.models_dir, noprune=settings.noprune)
+        return cls(settings=settings, store=store, views=ModelViews(store))
+
+    def on_model_changed(self, name: ModelName) -> None:
+        """A manifest was written or removed (the scheduler will drop stale runners here)."""
+        self.log.debug("model changed: %s", name.display)
+
+
+def get_state(request: Request) -> ServerState:
+    return cast(ServerState, request.app.state.modelhub)

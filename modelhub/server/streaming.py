@@ -1,0 +1,84 @@
+"""Run a blocking job in a thread and stream its progress objects as NDJSON.
+
+Ollama's rule: an error before anything was streamed is a normal JSON error with its status;
+once a line went out, the status is 200 and the error is one last ``{"error": ...}`` line.
+With ``stream: false`` the reply is the last object (or the error with its status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from modelhub.errors import ModelhubError
+
+log = logging.getLogger(__name__)
+
+Job = Callable[[Callable[[dict[str, Any]], None]], None]
+_DONE = object()
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    if isinstance(exc, ModelhubError):
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+    log.exception("internal error", exc_info=exc)
+    return JSONResponse({"error": f"internal error: {exc}"}, status_code=500)
+
+
+def error_text(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, ModelhubError) else f"internal error: {exc}"
+
+
+async def run_streaming(job: Job, stream: bool) -> Response:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def emit(obj: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, obj)
+
+    def worker() -> None:
+        try:
+            job(emit)
+        except BaseException as exc:  # reported to the client, never lost
+            if not isinstance(exc, ModelhubError):
+                log.exception("job failed")
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+    threading.Thread(target=worker, daemon=True).start()
+
+    if not stream:
+        last: Any = None
+        while (item := await queue.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                while await queue.get() is not _DONE:
+                    pass
+                return error_response(item)
+            last = item
+        return JSONResponse(last or {})
+
+    first = await queue.get()
+    if isinstance(first, BaseException):
+        return error_response(first)
+
+    async def lines() -> AsyncIterator[bytes]:
+        item = first
+        while item is not _DONE:
+            if isinstance(item, BaseException):
+                yield _line({"error": error_text(item)})
+            else:
+                yield _line(item)
+            item = await queue.get()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
