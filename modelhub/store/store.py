@@ -259,7 +259,8 @@ class Store:
             for name, path in self._manifest_files():
                 where = path.relative_to(self.manifests_dir).as_posix()
                 if name is None:
-                    problems.append(f"unexpected file in manifests/: {where}")
+                    if not _MANIFEST_TEMP.fullmatch(path.name):  # a crashed writer's: debris
+                        problems.append(f"unexpected file in manifests/: {where}")
                     continue
                 try:
                     manifest = self._load(name).manifest
