@@ -35,12 +35,18 @@ class Daemon:
     def client(self, **kw: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120, **kw)  # type: ignore[arg-type]
 
-    def cli(self, *args: str, input: str | None = None, cwd: Path | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, input: str | None = None, cwd: Path | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
         """Run our CLI against this daemon, as a user would."""
         return subprocess.run(
-            [sys.executable, "-m", "modelhub", *args], env=self.env, cwd=cwd, input=input,
-            capture_output=True, text=True, timeout=timeout,
+            [sys.executable, "-m", "modelhub", *args],
+            env=self.env,
+            cwd=cwd,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def stop(self) -> None:
@@ -56,17 +62,20 @@ class Daemon:
 def start_daemon(models: Path, log: Path, extra_env: dict[str, str] | None = None) -> Daemon:
     port = free_port()
     env = dict(os.environ)
-    env.update({
-        "MODELHUB_HOST": f"127.0.0.1:{port}",
-        "MODELHUB_MODELS": str(models),
-        "MODELHUB_NO_AUTOSTART": "1",
-        "MODELHUB_CONFIG": str(models.parent / "no-config.yaml"),
-        "PYTHONPATH": str(ROOT),
-    })
+    env.update(
+        {
+            "MODELHUB_HOST": f"127.0.0.1:{port}",
+            "MODELHUB_MODELS": str(models),
+            "MODELHUB_NO_AUTOSTART": "1",
+            "MODELHUB_CONFIG": str(models.parent / "no-config.yaml"),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     env.update(extra_env or {})
     out = log.open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "modelhub", "serve"], env=env,
-                            stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modelhub", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
