@@ -79,10 +79,16 @@ class Client:
 
     # -- generic plumbing ---------------------------------------------------------------
 
-    def _unavailable(self, exc: Exception) -> ServerUnavailable:
+    def _unavailable(self, exc: httpx.TransportError) -> ServerUnavailable:
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return ServerUnavailable(
+                f"could not connect to modelhub at {self.base_url}: start it with `modelhub serve`"
+            )
+        # Connected, then the exchange broke (daemon stopped, timeout): say so, not "start it".
+        detail = str(exc) or "no detail"
         return ServerUnavailable(
-            f"could not connect to modelhub at {self.base_url} ({exc.__class__.__name__}): "
-            "start it with `modelhub serve`"
+            f"the connection to modelhub at {self.base_url} failed "
+            f"({exc.__class__.__name__}: {detail}); see the daemon's log"
         )
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

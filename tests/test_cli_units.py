@@ -522,6 +522,13 @@ class _Handler(BaseHTTPRequestHandler):
             if request["model"] == "refused":
                 self._send(400, b'{"error":"invalid model name"}')
                 return
+            if request["model"] == "dies":  # the daemon goes away mid-stream
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.write(b'{"status":"parsing GGUF"}\n')
+                self.close_connection = True
+                return
             lines = [{"status": "parsing GGUF"}, {"status": "warning: draft is large"}]
             lines.append(
                 {"error": "boom"} if request["model"] == "midway" else {"status": "success"}
@@ -573,6 +580,11 @@ def test_client_streams_and_stops_at_error_lines(fake_daemon: str) -> None:
             list(client.create({"model": "refused"}))
         assert str(caught.value) == "400 Bad Request: invalid model name"
         assert caught.value.error == "invalid model name" and caught.value.status == 400
+        seen = []
+        with pytest.raises(ServerUnavailable, match=r"the connection to modelhub at .* failed"):
+            for item in client.create({"model": "dies"}):
+                seen.append(item["status"])
+        assert seen == ["parsing GGUF"]
 
 
 def test_client_uploads_blobs_in_chunks(fake_daemon: str, tmp_path: Path) -> None:

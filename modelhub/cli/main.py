@@ -34,6 +34,12 @@ class ModelhubGroup(click.Group):
             raise click.ClickException(exc.message) from None
         except httpx.HTTPError as exc:  # anything the client did not already translate
             raise click.ClickException(f"talking to the daemon failed: {exc}") from None
+        except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+            sys.stderr.close()
+            sys.exit(1)
+        except OSError as exc:  # e.g. a file that vanished between hashing and upload
+            where = f": {exc.filename}" if exc.filename else ""
+            raise click.ClickException(f"{exc.strerror or exc}{where}") from None
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
