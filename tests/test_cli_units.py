@@ -225,6 +225,7 @@ def test_show_summary_falls_back_to_details_and_verbose_adds_metadata() -> None:
             "general.architecture": "gemma3",
             "general.parameter_count": 268_098_176,
             "gemma3.block_count": 18,
+            "tokenizer.ggml.tokens": [f"t{i}" for i in range(262_144)],
         },
         "tensors": [{"name": "token_embd.weight", "type": "Q8_0", "shape": [640, 262144]}],
     }
@@ -233,6 +234,7 @@ def test_show_summary_falls_back_to_details_and_verbose_adds_metadata() -> None:
     assert "  Draft\n    kind    ngram\n" in text
     assert "gemma3.block_count" in text and "token_embd.weight" in text
     assert "[640, 262144]" in text
+    assert "[t0, t1, t2, t3, t4, ... (262144 items)]" in text and len(text) < 2000
 
 
 # -- create requests from Modelfiles -----------------------------------------------------------

@@ -149,11 +149,17 @@ def _section(title: str, rows: Sequence[Sequence[str]]) -> str:
     return f"  {title}\n" + format_table([], rows, indent="    ")
 
 
-def _value_text(value: Any) -> str:
+def _value_text(value: Any, *, max_items: int | None = None) -> str:
+    """A metadata value on one line; lists longer than ``max_items`` are cut (a real
+    vocabulary has 50,000 to 260,000 tokens)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return "[" + ", ".join(_value_text(item) for item in value) + "]"
+        shown = value if max_items is None else value[:max_items]
+        items = [_value_text(item) for item in shown]
+        if len(shown) < len(value):
+            items.append(f"... ({len(value)} items)")
+        return "[" + ", ".join(items) + "]"
     return str(value)
 
 
@@ -266,7 +272,7 @@ def show_summary(info: Mapping[str, Any], *, verbose: bool = False) -> str:
     if verbose:
         metadata: Mapping[str, Any] = info.get("model_info") or {}
         if metadata:
-            rows = [[key, _value_text(metadata[key])] for key in sorted(metadata)]
+            rows = [[key, _value_text(metadata[key], max_items=5)] for key in sorted(metadata)]
             sections.append(_section("Metadata", rows))
         tensors = info.get("tensors") or []
         if tensors:
