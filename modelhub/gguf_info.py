@@ -12,6 +12,7 @@ gguf.GGUFReader is deliberately not used here: it memory-maps the file and trust
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import struct
@@ -334,7 +335,7 @@ def _read_array(cur: _Cursor, what: str, depth: int, keep: bool) -> Any:
     count = cur.u64(f"length of {what}")
     item_name, item_code, item_size = _VALUE_TYPES[item_type]
     _check_count(cur, count, MAX_ARRAY_ITEMS, item_size, f"length of array {what}", count_at)
-    keep = keep or count <= SHORT_ARRAY
+    keep_all, keep = keep, keep or count <= SHORT_ARRAY
     summary = ArraySummary(item_name, count)
     if item_code is not None:
         nbytes = count * item_size
@@ -348,8 +349,9 @@ def _read_array(cur: _Cursor, what: str, depth: int, keep: bool) -> Any:
         if not keep:
             return summary
         return [s.decode("utf-8", errors="replace") for s in strings]
-    nested = [_read_array(cur, f"{what}[{i}]", depth + 1, keep) for i in range(count)]
-    return nested if keep else summary
+    nested = [_read_array(cur, f"{what}[{i}]", depth + 1, keep_all) for i in range(count)]
+    short = keep and not any(isinstance(item, ArraySummary) for item in nested)
+    return nested if short else summary
 
 
 def _read_kv(cur: _Cursor, n_kv: int, full_arrays: bool, with_tokens: bool) -> _Metadata:
@@ -642,9 +644,18 @@ def model_info_for_show(info: GGUFInfo, verbose: bool) -> dict[str, Any]:
         long_array = isinstance(value, ArraySummary) or (
             isinstance(value, list) and len(value) > SHORT_ARRAY
         )
-        out[key] = [] if long_array and not verbose else value
+        out[key] = [] if long_array and not verbose else _json_safe(value)
     out["general.parameter_count"] = info.parameter_count
     return out
+
+
+def _json_safe(value: Any) -> Any:
+    # JSON has no NaN or infinity; a crafted file must not break the response.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 _TOOLS = re.compile(r"\.Tools\b|\btools\b|\btool_calls\b")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 import time
 import tracemalloc
@@ -215,6 +216,32 @@ def test_model_info_for_show(files: dict[str, Path]) -> None:
     verbose = model_info_for_show(info, verbose=True)
     assert verbose["tokenizer.ggml.tokens"] == list(tiny_vocab().tokens)
     assert set(verbose) == set(short)
+
+
+def test_nested_arrays_and_non_finite_floats(tmp_path: Path) -> None:
+    def string(text: str) -> bytes:
+        return struct.pack("<Q", len(text)) + text.encode()
+
+    def u8_array(items: list[int]) -> bytes:  # an array value without its leading type
+        return struct.pack("<IQ", 0, len(items)) + bytes(items)
+
+    kvs = [
+        string("general.architecture") + struct.pack("<I", 8) + string("llama"),
+        string("x.long_inner") + struct.pack("<IIQ", 9, 9, 2) + u8_array([1] * 7) + u8_array([2]),
+        string("x.short") + struct.pack("<IIQ", 9, 9, 2) + u8_array([1, 2]) + u8_array([3]),
+        string("x.nan") + struct.pack("<If", 6, float("nan")),
+    ]
+    path = tmp_path / "nested.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs))
+    info = read_gguf_info(path)
+    assert info.kv["x.long_inner"] == ArraySummary("array", 2)
+    assert info.kv["x.short"] == [[1, 2], [3]]
+    assert read_gguf_info(path, full_arrays=True).kv["x.long_inner"] == [[1] * 7, [2]]
+    shown = model_info_for_show(info, verbose=False)
+    assert shown["x.long_inner"] == [] and shown["x.short"] == [[1, 2], [3]]
+    assert shown["x.nan"] is None
+    json.dumps(shown, allow_nan=False)
+    assert model_info_for_show(info, verbose=True)["x.long_inner"] == [[1] * 7, [2]]
 
 
 def test_capabilities(files: dict[str, Path]) -> None:
