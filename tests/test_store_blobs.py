@@ -393,3 +393,40 @@ def test_killed_writer_leaves_only_a_temp_that_prune_removes(tmp_path: Path) -> 
     os.utime(store.blobs_dir / temp_name, (old, old))
     assert store.prune() == [temp_name]
     assert blob_files(store) == []
+
+
+def _digest_path_builders(source: str) -> list[int]:
+    """Lines that turn a digest into a blob file name by hand (SEC-02's recurring bug)."""
+    import ast
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr) and node.values:
+            first = node.values[0]
+            if isinstance(first, ast.Constant) and first.value == "sha256-":
+                lines.append(node.lineno)  # f"sha256-{hex}"
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            if isinstance(node.left, ast.Constant) and node.left.value == "sha256-":
+                lines.append(node.lineno)  # "sha256-" + hex
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            if node.func.attr == "replace" and args[:2] == [":", "-"]:
+                lines.append(node.lineno)  # digest.replace(":", "-")
+    return lines
+
+
+def test_detector_finds_hand_made_blob_paths() -> None:
+    bad = 'a = f"sha256-{h}"\nb = "sha256-" + h\nc = d.replace(":", "-")\nok = "sha256:" + h\n'
+    assert _digest_path_builders(bad) == [1, 2, 3]
+
+
+def test_no_second_digest_to_path_helper() -> None:
+    # Only digests.py may map a digest to a file name; everything else calls blob_path_in /
+    # Store.blob_path, which validate first.
+    offenders = []
+    for path in sorted((REPO / "modelhub").rglob("*.py")):
+        if path == REPO / "modelhub" / "store" / "digests.py":
+            continue
+        for line in _digest_path_builders(path.read_text(encoding="utf-8")):
+            offenders.append(f"{path.relative_to(REPO)}:{line}")
+    assert offenders == []

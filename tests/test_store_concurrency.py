@@ -53,9 +53,8 @@ def _create(store: Store, rng: random.Random, worker: str, round_no: int) -> int
     raise AssertionError("create kept losing its blobs")
 
 
-def churn(root: Path, worker: str, rounds: int = ROUNDS) -> Counter[str]:
+def churn(store: Store, worker: str, rounds: int = ROUNDS) -> Counter[str]:
     """One worker's random mix of operations; returns how often each one ran."""
-    store = Store(root)
     rng = random.Random(worker)
     done: Counter[str] = Counter()
     for round_no in range(rounds):
@@ -88,7 +87,8 @@ import sys
 sys.path.insert(0, {str(HERE)!r})
 from pathlib import Path
 from test_store_concurrency import churn
-print(dict(churn(Path(sys.argv[1]), sys.argv[2])))
+from modelhub.store import Store
+print(dict(churn(Store(Path(sys.argv[1])), sys.argv[2])))
 """
 
 
@@ -108,13 +108,17 @@ def test_threads_and_processes_keep_the_store_consistent(tmp_path: Path, iterati
     totals: Counter[str] = Counter()
     errors: list[BaseException] = []
 
-    def run(worker: str) -> None:
+    shared = Store(tmp_path)  # as in the daemon: one Store used by many threads
+
+    def run(worker: str, own_store: bool) -> None:
         try:
-            totals.update(churn(tmp_path, worker))
+            totals.update(churn(Store(tmp_path) if own_store else shared, worker))
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(f"thread-{iteration}-{i}",)) for i in range(8)]
+    threads = [
+        threading.Thread(target=run, args=(f"thread-{iteration}-{i}", i % 2 == 0)) for i in range(8)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -73,7 +73,11 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot create the model store at {self.root}: {exc}") from exc
         self._manifests_real = self.manifests_dir.resolve()
-        self._lock = filelock.FileLock(str(self.root / ".lock"), timeout=lock_timeout)
+        # thread_local: each thread takes the OS lock itself, so threads sharing this Store
+        # exclude each other as separate processes do.
+        self._lock = filelock.FileLock(
+            str(self.root / ".lock"), timeout=lock_timeout, thread_local=True
+        )
         self._migrate_legacy_names()
 
     # ----- blobs -------------------------------------------------------------------------
