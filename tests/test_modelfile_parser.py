@@ -88,6 +88,7 @@ ACCEPTED: list[tuple[str, str, Pairs]] = [
         'FROM x\nDRAFT ./d.gguf\nDRAFT "./my draft.gguf"',
         [("model", "x"), ("draft", "./d.gguf"), ("draft", "./my draft.gguf")],
     ),
+    ("49", 'FROM x\nSYSTEM """"quoted""""', [("model", "x"), ("system", '"quoted"')]),
     (
         "50",
         'FROM x\nLICENSE """MIT\n"""\nLICENSE Apache',

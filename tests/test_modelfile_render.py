@@ -16,7 +16,7 @@ from modelhub.modelfile import (
     parse_modelfile,
     render_modelfile,
 )
-from modelhub.modelfile.render import go_float, go_quote
+from modelhub.modelfile.render import _ollama_quote, go_float, go_quote
 
 
 def spec_from_commands(commands: list[Command]) -> RenderSpec:
@@ -109,6 +109,16 @@ def test_quoting_choice(value: str, line: str) -> None:
     text = render_modelfile(RenderSpec("a:b", "/x", system=value))
     assert text.splitlines()[5:] == line.splitlines()
     assert parse_modelfile(text)[1] == Command("system", value, 6)
+
+
+def test_case49_ollamas_rule_loses_outer_quotes_ours_does_not() -> None:
+    value = parse_modelfile('FROM x\nSYSTEM """"quoted""""')[1].args
+    assert value == '"quoted"'
+    ollama_line = f"SYSTEM {_ollama_quote(value)}"
+    assert ollama_line == 'SYSTEM "quoted"'
+    assert parse_modelfile(f"FROM x\n{ollama_line}")[1].args == "quoted"  # Ollama's loss
+    ours = render_modelfile(RenderSpec("a:b", "/x", system=value))
+    assert parse_modelfile(ours)[1].args == '"quoted"'
 
 
 def test_integer_parameters_never_use_exponents() -> None:
