@@ -58,7 +58,8 @@ class EngineConfig:
     ``0..draft_num_predict`` from measured costs and acceptance. ``draft_min`` discards proposals
     shorter than that; ``draft_p_min`` stops a draft model once its top probability falls below
     it. ``draft_path`` is the draft GGUF for ``draft_model`` (for ``mtp`` it is unused: the
-    target's own NextN heads draft).
+    target's own NextN heads draft). ``draft_n_ctx`` caps the draft model's context (0: the
+    target's); once a sequence outgrows it, that request continues without drafting.
     """
 
     model_path: Path
@@ -72,6 +73,7 @@ class EngineConfig:
     draft_p_min: float = 0.0
     adaptive: bool = True
     embedding: bool = False
+    draft_n_ctx: int = 0
 
 
 @dataclass
@@ -222,7 +224,9 @@ class _Round:
 class Engine:
     """A loaded target model (plus drafter) that generates for one request at a time."""
 
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, *, drafter: Drafter | None = None) -> None:
+        """Load the target (and the configured drafter). ``drafter`` replaces the configured
+        one (any ``base.Drafter``; used by tests with scripted drafters and by embedders)."""
         _validate_config(cfg)
         self.cfg = cfg
         self.n_threads = cfg.n_threads if cfg.n_threads > 0 else default_threads()
@@ -243,8 +247,8 @@ class Engine:
             self.drafting_disabled = (
                 f"{self.model.architecture} keeps recurrent state that cannot be rolled back"
             )
-        self.drafter: Drafter | None = None
-        if self.drafting_disabled is None:
+        self.drafter: Drafter | None = drafter
+        if self.drafting_disabled is None and drafter is None:
             try:
                 self.drafter = make_drafter(cfg, self.model, self.ctx, self.n_threads)
             except BaseException:

@@ -47,13 +47,9 @@ class DraftModelDrafter:
     ) -> None:
         self.model = LlamaModel(path)
         train = self.model.n_ctx_train
-        self.ctx = LlamaContext(
-            self.model,
-            n_ctx=min(n_ctx, train) if train > 0 else n_ctx,
-            n_batch=n_batch,
-            n_threads=n_threads,
-        )
-        self.n_ctx = self.ctx.n_ctx
+        wanted = min(n_ctx, train) if train > 0 else n_ctx
+        self.ctx = LlamaContext(self.model, n_ctx=wanted, n_batch=n_batch, n_threads=n_threads)
+        self.n_ctx = min(wanted, self.ctx.n_ctx)  # llama.cpp may round the context up
         self.p_min = p_min
         self.rng = np.random.default_rng()
         self._width = target_vocab

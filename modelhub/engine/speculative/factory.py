@@ -96,7 +96,7 @@ def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int) -> Draft
     return DraftModelDrafter(
         draft_path,
         target_vocab=target.n_vocab,
-        n_ctx=cfg.n_ctx,
+        n_ctx=min(cfg.n_ctx, cfg.draft_n_ctx) if cfg.draft_n_ctx > 0 else cfg.n_ctx,
         n_batch=cfg.n_batch,
         n_threads=n_threads,
         p_min=cfg.draft_p_min,
