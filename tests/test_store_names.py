@@ -225,3 +225,12 @@ def test_non_ascii_directory_never_matches(tmp_path: Path) -> None:
     assert store.resolve(parse_name("key")) is None
     _commit(store, "key")
     assert (lib / "key" / "latest").is_file()
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [("..", "n", "m", "t"), ("h", "n", "..", "t"), ("h", "n", "m", ""), ("h", "a/b", "m", "t")],
+)
+def test_direct_construction_is_validated_too(parts: tuple[str, str, str, str]) -> None:
+    with pytest.raises(InvalidName):
+        ModelName(*parts)

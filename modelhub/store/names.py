@@ -56,21 +56,23 @@ def _part_problem(kind: str, value: str) -> str | None:
 
 @dataclass(frozen=True)
 class ModelName:
-    """A fully qualified, validated model name (every part already checked)."""
+    """A fully qualified model name; every part is checked when it is constructed."""
 
     host: str
     namespace: str
     model: str
     tag: str
 
+    def __post_init__(self) -> None:
+        # Validated on every construction, so no ModelName can hold an unsafe path part.
+        for kind in ("host", "namespace", "model", "tag"):
+            problem = _part_problem(kind, getattr(self, kind))
+            if problem is not None:
+                raise InvalidName(f"invalid model name: {problem}")
+
     @classmethod
     def from_parts(cls, host: str, namespace: str, model: str, tag: str) -> ModelName:
         """Build a name from separate parts (e.g. read back from manifest directories)."""
-        parts = {"host": host, "namespace": namespace, "model": model, "tag": tag}
-        for kind, value in parts.items():
-            problem = _part_problem(kind, value)
-            if problem is not None:
-                raise InvalidName(f"invalid model name: {problem}")
         return cls(host, namespace, model, tag)
 
     @property
