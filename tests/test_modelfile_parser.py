@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from modelhub.errors import ModelfileError
 from modelhub.modelfile import Command, normalize_requires, parse_modelfile
-from modelhub.modelfile.parser import INVALID_COMMAND, INVALID_ROLE
+from modelhub.modelfile.parser import INVALID_COMMAND, INVALID_ROLE, _value_of
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "modelfiles"
 
@@ -339,3 +339,20 @@ def test_fuzz_text_parses_or_raises_modelfile_error(source: str) -> None:
 @given(st.one_of(_MODELFILE_LIKE.map(lambda s: s.encode("utf-8")), st.binary(max_size=200)))
 def test_fuzz_bytes_parses_or_raises_modelfile_error(source: bytes) -> None:
     _check_outcome(source)
+
+
+def _spec_unquote(buffer: str) -> str | None:
+    """§4.3 as written: trim, then the triple-quote rule, the single-quote rule, or as is."""
+    text = buffer.strip(" \t\r\n")
+    if text.startswith('"""'):
+        return text[3:-3] if len(text) >= 6 and text.endswith('"""') else None
+    if text.startswith('"'):
+        return text[1:-1] if len(text) >= 2 and text.endswith('"') else None
+    return text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(['"', '"""', " ", "\t", "\n", "\r", "a"]), max_size=14))
+def test_value_completion_follows_the_quoting_rules(parts: list[str]) -> None:
+    buffer = "".join(parts)
+    assert _value_of(list(buffer)) == _spec_unquote(buffer)

@@ -138,7 +138,7 @@ def parse_modelfile(source: str | bytes) -> list[Command]:
             else:
                 raise ModelfileError(_unexpected_eof(buf), content_line)
         elif ch in _LINE_BREAKS:  # state is VALUE
-            value = unquote("".join(buf).strip(_TRIM))
+            value = _value_of(buf)
             if value is None:
                 buf.append(ch)  # an open quote: the value continues on the next line
             else:
@@ -148,7 +148,7 @@ def parse_modelfile(source: str | bytes) -> list[Command]:
             buf.append(ch)
 
     if state is _State.VALUE:
-        value = unquote("".join(buf).strip(_TRIM))
+        value = _value_of(buf)
         if value is None:
             raise ModelfileError(UNEXPECTED_EOF, content_line)
         commands.append(Command(name, f"{role}: {value}" if role else value, start))
@@ -160,21 +160,25 @@ def parse_modelfile(source: str | bytes) -> list[Command]:
     return commands
 
 
-def unquote(text: str) -> str | None:
-    """The value of an already trimmed buffer, or None while a quote is still open.
+def _value_of(buf: list[str]) -> str | None:
+    """The value held by a buffer, or None while a quote is still open.
 
-    ``\"\"\"x\"\"\"`` and ``"x"`` lose their outer quotes; anything else is taken as it is.
-    Inner quotes and backslashes are literal.
+    The buffer is trimmed; then ``\"\"\"x\"\"\"`` (at least six characters) and ``"x"`` (at
+    least two) lose their outer quotes and anything else is taken as it is. Inner quotes and
+    backslashes are literal. Works on the list so that a long quoted value is not joined again
+    at each of its line breaks.
     """
-    if text.startswith('"""'):
-        if len(text) >= 6 and text.endswith('"""'):
-            return text[3:-3]
+    start, end = 0, len(buf)
+    while start < end and buf[start] in _TRIM:
+        start += 1
+    while end > start and buf[end - 1] in _TRIM:
+        end -= 1
+    quotes = (
+        3 if buf[start : start + 3] == ['"'] * 3 else 1 if buf[start : start + 1] == ['"'] else 0
+    )
+    if quotes and (end - start < 2 * quotes or buf[end - quotes : end] != ['"'] * quotes):
         return None
-    if text.startswith('"'):
-        if len(text) >= 2 and text.endswith('"'):
-            return text[1:-1]
-        return None
-    return text
+    return "".join(buf[start + quotes : end - quotes])
 
 
 def _decode(source: str | bytes) -> str:
