@@ -322,5 +322,12 @@ def test_go_quote(value: str, text: str) -> None:
 
 def test_render_accepts_any_parameter_value_types() -> None:
     parameters: dict[str, Any] = {"stop": ("a", None, "b"), "seed": None, "custom": "x y"}
-    lines = render_modelfile(RenderSpec("a:b", "/x", parameters=parameters)).splitlines()[5:]
-    assert lines == ["PARAMETER custom x y", "PARAMETER stop a", "PARAMETER stop b"]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": None}, {"role": "assistant"}]
+    text = render_modelfile(RenderSpec("a:b", "/x", parameters=parameters, messages=messages))
+    assert text.splitlines()[5:] == [
+        "PARAMETER custom x y",
+        "PARAMETER stop a",
+        "PARAMETER stop b",
+        'MESSAGE user ""',
+        'MESSAGE assistant ""',
+    ]

@@ -64,7 +64,7 @@ def render_modelfile(spec: RenderSpec) -> str:
         lines.append(_instruction(f"PARAMETER {key}", key, _parameter_text(key, value)))
     lines += [_instruction("LICENSE", "license", text) for text in spec.licenses]
     for message in spec.messages:
-        role, content = message.get("role", ""), message.get("content", "")
+        role, content = str(message.get("role") or ""), str(message.get("content") or "")
         if role in MESSAGE_ROLES:
             lines.append(_instruction(f"MESSAGE {role}", "message", content, prefix=f"{role}: "))
         else:  # stored through the API; a Modelfile has no syntax for it
