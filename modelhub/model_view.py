@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from modelhub.errors import StoreError
-from modelhub.gguf_info import GGUFInfo, read_gguf_info
+from modelhub.gguf_info import GGUFInfo, read_gguf_info, read_tokens
 from modelhub.store import (
     MEDIA_ADAPTER,
     MEDIA_DRAFT,
@@ -108,6 +108,7 @@ class ModelViews:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._infos: dict[str, GGUFInfo] = {}
+        self._specials: dict[str, tuple[str, str]] = {}
         self._lock = threading.Lock()
 
     def gguf_info(self, digest: str) -> GGUFInfo:
@@ -121,6 +122,21 @@ class ModelViews:
                 self._infos.clear()
             self._infos[digest] = info
         return info
+
+    def special_tokens(self, digest: str) -> tuple[str, str]:
+        """BOS and EOS token texts of a GGUF (for chat templates that print them)."""
+        cached = self._specials.get(digest)
+        if cached is not None:
+            return cached
+        info = self.gguf_info(digest)
+        texts, _types = read_tokens(self.store.blob_path(digest))
+
+        def text(i: int | None) -> str:
+            return texts[i] if i is not None and 0 <= i < len(texts) else ""
+
+        pair = (text(info.bos_id), text(info.eos_id))
+        self._specials[digest] = pair
+        return pair
 
     def get(self, name: ModelName, *, with_info: bool = True) -> ModelView:
         return self.view(self.store.get(name), with_info=with_info)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import AsyncIterator
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -14,7 +16,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from modelhub import __version__
 from modelhub.config import Settings
 from modelhub.errors import ModelhubError
+from modelhub.server.metrics import CONTENT_TYPE_LATEST, RequestCounter
+from modelhub.server.routes_inference import router as inference_router
 from modelhub.server.routes_models import router as models_router
+from modelhub.server.routes_openai import router as openai_router
 from modelhub.server.security import GuardMiddleware
 from modelhub.server.state import ServerState
 
@@ -22,8 +27,25 @@ log = logging.getLogger("modelhub.server")
 
 
 def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
-    app = FastAPI(title="modelhub", version=__version__, docs_url=None, redoc_url=None)
-    app.state.modelhub = state or ServerState.from_settings(settings)
+    st = state or ServerState.from_settings(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await st.scheduler.close()  # SIGINT/SIGTERM: unload every runner
+
+    app = FastAPI(
+        title="modelhub", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan
+    )
+    app.state.modelhub = st
+
+    app.add_middleware(RequestCounter, metrics=st.metrics)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        sched = st.scheduler
+        body = st.metrics.render(sched.loads_total, len(sched.runners), sched.waiting)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
@@ -34,6 +56,8 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
         return JSONResponse({"version": __version__})
 
     app.include_router(models_router)
+    app.include_router(inference_router)
+    app.include_router(openai_router)
 
     @app.exception_handler(ModelhubError)
     async def modelhub_error(_: Request, exc: ModelhubError) -> Response:

@@ -10,6 +10,8 @@ from fastapi import Request
 
 from modelhub.config import Settings
 from modelhub.model_view import ModelViews
+from modelhub.scheduler import Scheduler
+from modelhub.server.metrics import Metrics
 from modelhub.store import ModelName, Store
 
 
@@ -18,13 +20,20 @@ class ServerState:
     settings: Settings
     store: Store
     views: ModelViews
+    scheduler: Scheduler
+    metrics: Metrics = field(default_factory=Metrics)
     max_blob_size: int | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("modelhub.server"))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerState:
         store = Store(settings.models_dir, noprune=settings.noprune)
-        return cls(settings=settings, store=store, views=ModelViews(store))
+        scheduler = Scheduler(
+            max_loaded=settings.max_loaded_models,
+            default_keep_alive=settings.keep_alive,
+            max_queue=settings.max_queue,
+        )
+        return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 
     def on_model_changed(self, name: ModelName) -> None:
         """A manifest was written or removed (the scheduler will drop stale runners here)."""

@@ -1,0 +1,206 @@
+"""The runner process: hosts one Engine (target + draft) and speaks JSON lines on stdin/stdout.
+
+Each loaded model runs in its own process, so a crash, an abort or an out-of-memory kill in
+native code costs that model, not the daemon. The protocol (one JSON object per line):
+
+daemon -> runner
+  {"op": "load", "config": {EngineConfig fields}}
+  {"op": "generate", "id": "...", "prompt": "text", "context": [ids] | null,
+   "options": {GenerateOptions fields}, "prediction": "text" | null}
+  {"op": "embed", "id": "...", "texts": ["..."]}
+  {"op": "tokenize", "id": "...", "text": "...", "add_special": true}
+  {"op": "cancel", "id": "..."}
+  {"op": "shutdown"}
+runner -> daemon
+  {"event": "loaded", "pid": n, "n_ctx": n, "rss": bytes}
+  {"event": "load_error", "message": "..."}
+  {"id": "...", "event": "prompt", "prompt_tokens": n}          (generation started)
+  {"id": "...", "event": "token", "text": "...", "drafted": bool}
+  {"id": "...", "event": "done", "result": {GenerateResult fields, "context": [ids]}}
+  {"id": "...", "event": "embeddings", "embeddings": [[...]], "prompt_eval_count": n}
+  {"id": "...", "event": "tokens", "tokens": [ids]}
+  {"id": "...", "event": "error", "message": "...", "status": 400|500}
+
+Requests are served one at a time in arrival order (the engine holds one sequence and its
+prompt cache); ``cancel`` stops the running request between decode steps or drops a queued one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import traceback
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import IO, Any
+
+from modelhub.errors import ModelhubError
+
+_STOP = object()
+
+
+def _rss_bytes() -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Runner:
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self.out_lock = threading.Lock()
+        self.engine: Any = None
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.cancels: dict[str, threading.Event] = {}
+        self.cancel_lock = threading.Lock()
+
+    def send(self, obj: dict[str, Any]) -> None:
+        line = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+        with self.out_lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    # -- control thread (stdin) ---------------------------------------------------------
+    def serve(self, inp: IO[str]) -> None:
+        worker = threading.Thread(target=self._work, daemon=True)
+        worker.start()
+        for raw in inp:
+            if not raw.strip():
+                continue
+            msg = json.loads(raw)
+            op = msg.get("op")
+            if op == "load":
+                self._load(msg.get("config") or {})
+            elif op == "cancel":
+                with self.cancel_lock:
+                    event = self.cancels.get(str(msg.get("id")))
+                if event is not None:
+                    event.set()
+            elif op == "shutdown":
+                break
+            else:
+                with self.cancel_lock:
+                    self.cancels[str(msg.get("id"))] = threading.Event()
+                self.jobs.put(msg)
+        self.jobs.put(_STOP)
+        worker.join(timeout=5)
+        if self.engine is not None:
+            self.engine.close()
+
+    def _load(self, config: dict[str, Any]) -> None:
+        from modelhub.engine.generate import Engine, EngineConfig
+
+        known = {f.name for f in fields(EngineConfig)}
+        cfg = {k: v for k, v in config.items() if k in known}
+        for key in ("model_path", "draft_path"):
+            if cfg.get(key):
+                cfg[key] = Path(cfg[key])
+        try:
+            self.engine = Engine(EngineConfig(**cfg))
+        except ModelhubError as exc:
+            self.send({"event": "load_error", "message": exc.message, "status": exc.status})
+            return
+        except Exception as exc:
+            self.send({"event": "load_error", "message": f"{type(exc).__name__}: {exc}"})
+            return
+        self.send(
+            {"event": "loaded", "pid": os.getpid(), "n_ctx": self.engine.n_ctx, "rss": _rss_bytes()}
+        )
+
+    # -- worker thread ------------------------------------------------------------------
+    def _work(self) -> None:
+        while (msg := self.jobs.get()) is not _STOP:
+            rid = str(msg.get("id"))
+            with self.cancel_lock:
+                cancel = self.cancels.get(rid) or threading.Event()
+            try:
+                if cancel.is_set():
+                    self.send(
+                        {"id": rid, "event": "error", "message": "request canceled", "status": 499}
+                    )
+                elif self.engine is None:
+                    self.send({"id": rid, "event": "error", "message": "no model loaded"})
+                else:
+                    self._dispatch(rid, msg, cancel)
+            except ModelhubError as exc:
+                self.send(
+                    {"id": rid, "event": "error", "message": exc.message, "status": exc.status}
+                )
+            except Exception as exc:
+                traceback.print_exc(file=sys.stderr)
+                self.send({"id": rid, "event": "error", "message": f"{type(exc).__name__}: {exc}"})
+            finally:
+                with self.cancel_lock:
+                    self.cancels.pop(rid, None)
+
+    def _dispatch(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> None:
+        op = msg.get("op")
+        engine = self.engine
+        if op == "generate":
+            self._generate(rid, msg, cancel)
+        elif op == "embed":
+            texts = [str(t) for t in msg.get("texts") or []]
+            counts = [len(engine.tokenize(t)) for t in texts]
+            vectors = engine.embed(texts)
+            self.send(
+                {
+                    "id": rid,
+                    "event": "embeddings",
+                    "embeddings": vectors,
+                    "prompt_eval_count": sum(counts),
+                }
+            )
+        elif op == "tokenize":
+            tokens = engine.tokenize(
+                str(msg.get("text", "")), add_special=bool(msg.get("add_special", True))
+            )
+            self.send({"id": rid, "event": "tokens", "tokens": tokens})
+        else:
+            self.send({"id": rid, "event": "error", "message": f"unknown op {op!r}", "status": 400})
+
+    def _generate(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> None:
+        from modelhub.engine.generate import GenerateOptions, TokenEvent
+
+        engine = self.engine
+        context = [int(t) for t in msg.get("context") or []]
+        prompt = str(msg.get("prompt") or "")
+        tokens = context + engine.tokenize(prompt, add_special=not context)
+        known = {f.name for f in fields(GenerateOptions)} - {"acceptance_rule"}
+        opts = GenerateOptions(
+            **{k: v for k, v in (msg.get("options") or {}).items() if k in known}
+        )
+        fmt = msg.get("format")
+        if fmt:
+            from modelhub.engine.grammar import format_grammar
+
+            opts.grammar = format_grammar(fmt)
+        prediction = msg.get("prediction")
+        predicted = engine.tokenize(prediction, add_special=False) if prediction else None
+        self.send({"id": rid, "event": "prompt", "prompt_tokens": len(tokens)})
+
+        def on_token(ev: TokenEvent) -> None:
+            if ev.text:
+                self.send({"id": rid, "event": "token", "text": ev.text, "drafted": ev.drafted})
+
+        result = engine.generate(
+            tokens, opts, on_token=on_token, cancel=cancel, prediction=predicted
+        )
+        payload = {k: v for k, v in asdict(result).items() if k != "tokens"}
+        payload["context"] = tokens + list(result.tokens)
+        self.send({"id": rid, "event": "done", "result": payload})
+
+
+def main() -> None:
+    # Native libraries may print to stdout; keep the protocol channel private.
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    Runner(proto).serve(sys.stdin)
+
+
+if __name__ == "__main__":
+    main()

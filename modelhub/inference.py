@@ -1,0 +1,125 @@
+"""From a stored model and a request's options to a runner load spec and runner options.
+
+Precedence as Ollama: built-in defaults < Modelfile PARAMETERs < request ``options``. Load-time
+options (context size, batch, threads, the draft) are part of a runner's identity; the rest are
+per request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from modelhub.errors import BadRequest
+from modelhub.model_view import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM, ModelView
+from modelhub.modelfile import coerce_option
+from modelhub.scheduler import LoadSpec
+
+DEFAULT_NUM_CTX = 4096
+LOAD_KEYS = ("num_ctx", "num_batch", "num_thread", "draft_min", "draft_p_min")
+IGNORED_LOAD_KEYS = ("num_gpu", "main_gpu", "use_mmap", "num_keep")  # no accelerator paths here
+RUNTIME_KEYS = (
+    "num_predict",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "draft_num_predict",
+)
+DEFAULT_DRAFT_LEN = {DRAFT_MODEL: 4, DRAFT_MTP: 4, DRAFT_MTP_DRAFTER: 4, DRAFT_NGRAM: 8}
+
+
+@dataclass
+class Plan:
+    spec: LoadSpec
+    options: dict[str, Any]  # runtime GenerateOptions fields
+    draft_kind: str
+
+
+def merged_options(view: ModelView, request_options: dict[str, Any] | None) -> dict[str, Any]:
+    merged = dict(view.parameters)
+    for key, value in (request_options or {}).items():
+        if value is None:
+            continue
+        merged[key] = coerce_option(key, value)  # 400 on a wrong type, unknown keys pass
+    return merged
+
+
+def plan(
+    view: ModelView,
+    request_options: dict[str, Any] | None,
+    *,
+    num_threads: int = 0,
+    embedding: bool = False,
+) -> Plan:
+    if view.model_path is None or view.info is None:
+        raise BadRequest(f"model '{view.name.display}' has no GGUF weights to load")
+    opts = merged_options(view, request_options)
+    trained = view.info.context_length or 0
+    num_ctx = int(opts.get("num_ctx") or 0) or DEFAULT_NUM_CTX
+    if trained and num_ctx > trained:
+        if "num_ctx" in (request_options or {}) or "num_ctx" in view.parameters:
+            raise BadRequest(
+                f"num_ctx {num_ctx} exceeds the context length {trained} that "
+                f"'{view.name.display}' was trained for; use num_ctx <= {trained}"
+            )
+        num_ctx = trained
+    num_ctx = max(num_ctx, 16)
+
+    draft = view.draft or {}
+    kind = str(draft.get("kind") or "none")
+    engine_kind = {
+        DRAFT_MODEL: "draft_model",
+        DRAFT_MTP: "mtp",
+        DRAFT_MTP_DRAFTER: "mtp",
+        DRAFT_NGRAM: "ngram",
+    }.get(kind, "none")
+    bound = int(view.parameters.get("draft_num_predict", DEFAULT_DRAFT_LEN.get(kind, 0)))
+    config: dict[str, Any] = {
+        "model_path": str(view.model_path),
+        "n_ctx": num_ctx,
+        "n_batch": int(opts.get("num_batch") or 512),
+        "n_threads": int(opts.get("num_thread") or num_threads or 0),
+        "draft_kind": engine_kind if bound > 0 else "none",
+        "draft_path": str(view.draft_path) if view.draft_path and kind == DRAFT_MODEL else None,
+        "draft_num_predict": bound,
+        "draft_min": int(opts.get("draft_min") or 0),
+        "draft_p_min": float(opts.get("draft_p_min") or 0.0),
+        "embedding": embedding,
+    }
+    if kind == DRAFT_MTP_DRAFTER and view.draft_path is not None:
+        config["draft_path"] = str(view.draft_path)
+    if config["n_batch"] < bound + 1:
+        raise BadRequest(f"num_batch {config['n_batch']} must be at least draft_num_predict + 1")
+    runtime = {k: opts[k] for k in RUNTIME_KEYS if k in opts}
+    if "draft_num_predict" in runtime:
+        runtime["draft_num_predict"] = min(int(runtime["draft_num_predict"]), bound)
+    if "stop" in runtime and isinstance(runtime["stop"], str):
+        runtime["stop"] = [runtime["stop"]]
+    details = view.details()
+    spec = LoadSpec.make(
+        view.name.display,
+        view.stored.digest,
+        view.model_layer.digest if view.model_layer else "",
+        config,
+        details,
+    )
+    return Plan(spec=spec, options=runtime, draft_kind=engine_kind if bound > 0 else "none")
+
+
+def keep_alive_seconds(value: Any) -> float | None:
+    """Request ``keep_alive`` -> seconds (inf = forever) or None (keep the runner's setting)."""
+    if value is None:
+        return None
+    from modelhub.config import parse_duration
+
+    seconds = parse_duration(value)
+    return math.inf if seconds == math.inf else seconds

@@ -1,0 +1,225 @@
+"""Loaded runners: load on first use, keep_alive, LRU eviction, one request at a time per runner.
+
+A runner is identified by what was loaded: the weights blob, the draft and the load-time
+options. Two model names over the same blob and options share one runner (as `cp` copies do).
+A request whose load options differ from the loaded runner's replaces it. Loads happen one at
+a time; at most ``max_loaded`` runners stay resident, and the least recently used idle one
+makes room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelhub.errors import ModelhubError
+from modelhub.runner_process import RunnerProcess
+
+log = logging.getLogger("modelhub.scheduler")
+
+FOREVER = math.inf
+
+
+class ServerBusy(ModelhubError):
+    status = 503
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to load. ``config`` holds EngineConfig fields (paths as strings)."""
+
+    name: str  # display name of the model that asked for it
+    digest: str  # manifest digest (for /api/ps)
+    model_blob: str  # weights digest: the runner identity with ``config``
+    config: tuple[tuple[str, Any], ...]
+    details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> tuple[str, tuple[tuple[str, Any], ...]]:
+        return (self.model_blob, self.config)
+
+    @staticmethod
+    def make(
+        name: str, digest: str, model_blob: str, config: dict[str, Any], details: dict[str, Any]
+    ) -> LoadSpec:
+        return LoadSpec(
+            name,
+            digest,
+            model_blob,
+            tuple(sorted((k, _freeze(v)) for k, v in config.items())),
+            dict(details),
+        )
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple) and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+        return {k: _thaw(v) for k, v in value}
+    return value
+
+
+@dataclass
+class Loaded:
+    spec: LoadSpec
+    process: RunnerProcess
+    keep_alive: float
+    loaded_at: float = field(default_factory=time.time)
+    active: int = 0
+    expires_at: float = FOREVER
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    timer: asyncio.TimerHandle | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> bool:
+        return not self.process.dead
+
+
+class Scheduler:
+    def __init__(
+        self, *, max_loaded: int = 3, default_keep_alive: float = 300.0, max_queue: int = 512
+    ) -> None:
+        self.max_loaded = max_loaded
+        self.default_keep_alive = default_keep_alive
+        self.max_queue = max_queue
+        self.runners: dict[tuple[str, Any], Loaded] = {}
+        self._load_lock = asyncio.Lock()
+        self._changed = asyncio.Condition()
+        self.waiting = 0
+        self.loads_total = 0
+
+    @contextlib.asynccontextmanager
+    async def use(self, spec: LoadSpec, keep_alive: float | None) -> AsyncIterator[Loaded]:
+        """Hold the runner for ``spec`` for one request (queued behind others on it)."""
+        if self.waiting >= self.max_queue:
+            raise ServerBusy("server busy, please try again.  maximum pending requests exceeded")
+        self.waiting += 1
+        try:
+            loaded = await self._acquire(spec, keep_alive)
+            try:
+                await loaded.lock.acquire()
+            except BaseException:
+                await self._release(loaded)
+                raise
+        finally:
+            self.waiting -= 1
+        try:
+            yield loaded
+        finally:
+            loaded.lock.release()
+            await self._release(loaded)
+
+    async def _acquire(self, spec: LoadSpec, keep_alive: float | None) -> Loaded:
+        async with self._load_lock:
+            loaded = self.runners.get(spec.key)
+            if loaded is not None and not loaded.usable:
+                await self._drop(loaded)
+                loaded = None
+            if loaded is None:
+                await self._replace_same_model(spec)
+                await self._make_room()
+                loaded = await self._load(spec, keep_alive)
+            elif keep_alive is not None:
+                loaded.keep_alive = keep_alive
+            loaded.active += 1
+            loaded.last_used = time.monotonic()
+            if loaded.timer is not None:
+                loaded.timer.cancel()
+                loaded.timer = None
+            loaded.expires_at = FOREVER
+            return loaded
+
+    async def _load(self, spec: LoadSpec, keep_alive: float | None) -> Loaded:
+        process = RunnerProcess(spec.name)
+        started = time.monotonic()
+        info = await process.start(_thaw(spec.config))
+        log.info("loaded %s in %.2f s (pid %s)", spec.name, time.monotonic() - started, process.pid)
+        self.loads_total += 1
+        loaded = Loaded(
+            spec, process, self.default_keep_alive if keep_alive is None else keep_alive, info=info
+        )
+        self.runners[spec.key] = loaded
+        return loaded
+
+    async def _replace_same_model(self, spec: LoadSpec) -> None:
+        """Different load options for the same weights: unload the old runner first."""
+        for other in [r for r in self.runners.values() if r.spec.model_blob == spec.model_blob]:
+            await self._wait_idle(other)
+            await self._drop(other)
+
+    async def _make_room(self) -> None:
+        while len(self.runners) >= self.max_loaded:
+            idle = [r for r in self.runners.values() if r.active == 0]
+            if idle:
+                await self._drop(min(idle, key=lambda r: r.last_used))
+                continue
+            async with self._changed:
+                await self._changed.wait()
+
+    async def _wait_idle(self, loaded: Loaded) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: loaded.active == 0)
+
+    async def _release(self, loaded: Loaded) -> None:
+        loaded.active -= 1
+        loaded.last_used = time.monotonic()
+        if loaded.active == 0:
+            if not loaded.usable or loaded.keep_alive <= 0:
+                await self._drop(loaded)
+            elif math.isfinite(loaded.keep_alive):
+                loaded.expires_at = time.time() + loaded.keep_alive
+                loop = asyncio.get_running_loop()
+                loaded.timer = loop.call_later(
+                    loaded.keep_alive, lambda: asyncio.ensure_future(self._expire(loaded))
+                )
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _expire(self, loaded: Loaded) -> None:
+        if loaded.active == 0 and self.runners.get(loaded.spec.key) is loaded:
+            log.info("keep_alive expired: unloading %s", loaded.spec.name)
+            await self._drop(loaded)
+
+    async def _drop(self, loaded: Loaded) -> None:
+        if self.runners.get(loaded.spec.key) is loaded:
+            del self.runners[loaded.spec.key]
+        if loaded.timer is not None:
+            loaded.timer.cancel()
+        await loaded.process.close()
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def unload(self, model_blob: str) -> bool:
+        """Unload every runner of these weights once idle (keep_alive 0 with no prompt)."""
+        found = False
+        for loaded in [r for r in self.runners.values() if r.spec.model_blob == model_blob]:
+            found = True
+            if loaded.active == 0:
+                await self._drop(loaded)
+            else:
+                loaded.keep_alive = 0
+        return found
+
+    def loaded_for(self, model_blob: str) -> list[Loaded]:
+        return [r for r in self.runners.values() if r.spec.model_blob == model_blob]
+
+    def snapshot(self) -> list[Loaded]:
+        return sorted(self.runners.values(), key=lambda r: -r.expires_at)
+
+    async def close(self) -> None:
+        for loaded in list(self.runners.values()):
+            await self._drop(loaded)

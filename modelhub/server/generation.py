@@ -1,0 +1,144 @@
+"""Running one request on a runner and shaping its events into responses.
+
+Errors before the first byte are JSON errors with their status; after that, the stream ends
+with an ``{"error": ...}`` line. A client that disconnects cancels the request in the runner
+(the runner stops at its next decode step).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from modelhub.errors import ModelhubError
+from modelhub.inference import Plan
+from modelhub.server.state import ServerState
+
+Event = dict[str, Any]
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class RunError(ModelhubError):
+    pass
+
+
+async def run_on_runner(
+    state: ServerState,
+    plan: Plan,
+    keep_alive: float | None,
+    msg: dict[str, Any],
+    started_ns: int,
+) -> AsyncIterator[Event]:
+    """Yield runner events; the first one is ``{"event": "ready", "load_duration": ns}``."""
+    async with state.scheduler.use(plan.spec, keep_alive) as loaded:
+        yield {"event": "ready", "load_duration": time.monotonic_ns() - started_ns}
+        async for event in loaded.process.request(msg):
+            if event.get("event") == "error":
+                raise RunError(str(event.get("message")), int(event.get("status") or 500))
+            yield event
+
+
+def ndjson(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+Shape = Callable[[Event], dict[str, Any] | None]
+
+
+async def respond(
+    events: AsyncIterator[Event],
+    *,
+    stream: bool,
+    chunk: Shape,
+    final: Shape,
+    on_done: Callable[[Event], None] | None = None,
+) -> Response:
+    """Turn runner events into NDJSON (stream) or one JSON object (stream: false).
+
+    Events are buffered until the first token (or the end), so that every failure before
+    generation starts (unknown model, load error, prompt too long) keeps its HTTP status.
+    """
+    head: list[Event] = []
+    try:
+        async for event in events:
+            head.append(event)
+            if event.get("event") in ("token", "done"):
+                break
+    except ModelhubError as exc:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    async def all_events() -> AsyncIterator[Event]:
+        for event in head:
+            yield event
+        async for event in events:
+            yield event
+
+    def shape(event: Event) -> dict[str, Any] | None:
+        if event.get("event") == "done":
+            if on_done:
+                on_done(event)
+            return final(event)
+        return chunk(event)
+
+    if not stream:
+        parts: list[dict[str, Any]] = []
+        last: dict[str, Any] | None = None
+        try:
+            async for event in all_events():
+                shaped = shape(event)
+                if shaped is None:
+                    continue
+                if event.get("event") == "done":
+                    last = shaped
+                else:
+                    parts.append(shaped)
+        except ModelhubError as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
+        if last is None:
+            return JSONResponse({"error": "generation ended without a result"}, status_code=500)
+        return JSONResponse(merge_parts(parts, last))
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for event in all_events():
+                shaped = shape(event)
+                if shaped is not None:
+                    yield ndjson(shaped)
+        except ModelhubError as exc:
+            yield ndjson({"error": exc.message})
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def merge_parts(parts: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
+    """stream:false: concatenate the streamed text into the final object."""
+    out = dict(last)
+    if "response" in out:
+        out["response"] = "".join(p.get("response", "") for p in parts) + out["response"]
+    if "message" in out:
+        text = "".join(p.get("message", {}).get("content", "") for p in parts)
+        out["message"] = {**out["message"], "content": text + out["message"].get("content", "")}
+    return out
+
+
+def final_stats(result: dict[str, Any], started_ns: int, load_ns: int) -> dict[str, Any]:
+    """Ollama's counters (nanoseconds) plus the draft statistics, zero values omitted."""
+    stats = {
+        "total_duration": time.monotonic_ns() - started_ns,
+        "load_duration": load_ns,
+        "prompt_eval_count": result.get("prompt_eval_count", 0),
+        "prompt_eval_duration": result.get("prompt_eval_duration_ns", 0),
+        "eval_count": result.get("eval_count", 0),
+        "eval_duration": result.get("eval_duration_ns", 0),
+        "draft_count": result.get("draft_count", 0),
+        "draft_accepted_count": result.get("draft_accepted_count", 0),
+    }
+    return {k: v for k, v in stats.items() if v}

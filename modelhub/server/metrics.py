@@ -1,0 +1,78 @@
+"""Prometheus metrics: requests, tokens, loads, queue depth, draft proposed/accepted per model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "RequestCounter"]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "modelhub_requests", "HTTP requests served", ["path", "status"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "modelhub_prompt_tokens", "Prompt tokens evaluated", ["model"], registry=r
+        )
+        self.generated_tokens = Counter(
+            "modelhub_generated_tokens", "Tokens generated", ["model"], registry=r
+        )
+        self.draft_proposed = Counter(
+            "modelhub_draft_proposed_tokens",
+            "Draft tokens proposed for verification",
+            ["model"],
+            registry=r,
+        )
+        self.draft_accepted = Counter(
+            "modelhub_draft_accepted_tokens",
+            "Draft tokens accepted by the target",
+            ["model"],
+            registry=r,
+        )
+        self.loads = Gauge("modelhub_model_loads", "Runner loads since start", registry=r)
+        self.loaded = Gauge("modelhub_models_loaded", "Runners resident now", registry=r)
+        self.queue = Gauge("modelhub_queue_depth", "Requests waiting for a runner", registry=r)
+
+    def record(self, model: str, result: dict[str, Any]) -> None:
+        self.prompt_tokens.labels(model).inc(int(result.get("prompt_eval_count") or 0))
+        self.generated_tokens.labels(model).inc(int(result.get("eval_count") or 0))
+        self.draft_proposed.labels(model).inc(int(result.get("draft_count") or 0))
+        self.draft_accepted.labels(model).inc(int(result.get("draft_accepted_count") or 0))
+
+    def render(self, loads: int, loaded: int, waiting: int) -> bytes:
+        self.loads.set(loads)
+        self.loaded.set(loaded)
+        self.queue.set(waiting)
+        return generate_latest(self.registry)
+
+
+class RequestCounter:
+    """Pure ASGI middleware (streaming and disconnects pass through untouched)."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = getattr(scope.get("route"), "path", "other")
+            self.metrics.requests.labels(path, str(status)).inc()

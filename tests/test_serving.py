@@ -1,0 +1,322 @@
+"""Serving end to end: runner processes, scheduler, /api/* and /v1/* with real clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from tests.conftest import Daemon, start_daemon
+from tests.realmodels import smollm2_q4_1
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0, "num_predict": 24}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Daemon:
+    base = tmp_path_factory.mktemp("served")
+    d = start_daemon(
+        base / "models",
+        base / "daemon.log",
+        {"MODELHUB_KEEP_ALIVE": "10m", "MODELHUB_MAX_LOADED_MODELS": "2"},
+    )
+    mf = base / "Modelfile"
+    mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 2048\n")
+    r = d.cli("create", "smol", "-f", str(mf))
+    assert r.returncode == 0, r.stderr
+    mf.write_text("FROM smol\nDRAFT ngram\nPARAMETER draft_num_predict 6\n")
+    r = d.cli("create", "smol-ngram", "-f", str(mf))
+    assert r.returncode == 0, r.stderr
+    yield d
+    d.stop()
+
+
+def lines(resp: httpx.Response) -> list[dict]:
+    return [json.loads(line) for line in resp.iter_lines() if line.strip()]
+
+
+def test_generate_stream_and_final_counters(served: Daemon) -> None:
+    with (
+        served.client() as c,
+        c.stream(
+            "POST",
+            "/api/generate",
+            json={"model": "smol", "prompt": "Why is the sky blue?", "options": GREEDY},
+        ) as r,
+    ):
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        objs = lines(r)
+    *chunks, final = objs
+    assert chunks and all(o["done"] is False and "response" in o for o in chunks)
+    assert final["done"] is True and final["done_reason"] in ("stop", "length")
+    for key in (
+        "total_duration",
+        "load_duration",
+        "prompt_eval_count",
+        "eval_count",
+        "eval_duration",
+        "context",
+    ):
+        assert key in final, key
+    assert final["eval_count"] <= 24
+    text = "".join(o["response"] for o in chunks)
+    with served.client() as c:
+        again = c.post(
+            "/api/generate",
+            json={
+                "model": "smol",
+                "prompt": "Why is the sky blue?",
+                "options": GREEDY,
+                "stream": False,
+            },
+        ).json()
+    assert again["response"] == text  # greedy is deterministic, and the prompt cache is exact
+
+
+def test_ngram_draft_is_lossless_and_counted(served: Daemon) -> None:
+    prompt = (
+        "Repeat this list exactly: apples, pears, plums, apples, pears, plums, apples, "
+        "pears, plums, apples, pears, plums."
+    )
+    opts = {"temperature": 0, "num_predict": 48}
+    with served.client() as c:
+        plain = c.post(
+            "/api/generate",
+            json={"model": "smol", "prompt": prompt, "options": opts, "stream": False},
+        ).json()
+        spec = c.post(
+            "/api/generate",
+            json={"model": "smol-ngram", "prompt": prompt, "options": opts, "stream": False},
+        ).json()
+        ps = c.get("/api/ps").json()["models"]
+    assert spec["response"] == plain["response"]
+    assert spec.get("draft_count", 0) >= spec.get("draft_accepted_count", 0)
+    assert "draft_count" in spec, spec
+    entry = next(m for m in ps if m["name"] == "smol-ngram:latest")
+    assert entry["draft"]["kind"] == "ngram"
+
+
+def test_chat_with_ollama_client(served: Daemon) -> None:
+    client = ollama.Client(host=served.url)
+    parts = list(
+        client.chat(
+            model="smol",
+            messages=[{"role": "user", "content": "Say hi."}],
+            stream=True,
+            options=GREEDY,
+        )
+    )
+    assert parts[-1].done and "".join(p.message.content for p in parts)
+    gen = client.generate(model="smol", prompt="1, 2, 3,", options=GREEDY)
+    assert gen.response and gen.eval_count
+    emb = client.embed(model="smol", input=["hello", "world"])
+    assert len(emb.embeddings) == 2 and len(emb.embeddings[0]) == 576
+    norm = sum(x * x for x in emb.embeddings[0]) ** 0.5
+    assert abs(norm - 1) < 1e-3
+    names = [m.model for m in client.ps().models]
+    assert "smol:latest" in names
+
+
+def test_openai_client(served: Daemon) -> None:
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused")
+    assert "smol:latest" in [m.id for m in client.models.list()]
+    assert client.models.retrieve("smol").id == "smol:latest"
+    out = client.chat.completions.create(
+        model="smol",
+        temperature=0,
+        max_tokens=16,
+        messages=[{"role": "user", "content": "Say hi."}],
+    )
+    assert out.choices[0].message.content
+    assert out.usage is not None and out.usage.completion_tokens <= 16
+    details = out.usage.completion_tokens_details
+    assert details is not None and details.accepted_prediction_tokens is not None
+    stream = client.chat.completions.create(
+        model="smol",
+        temperature=0,
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "Say hi."}],
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == out.choices[0].message.content
+    assert chunks[-1].usage is not None
+    comp = client.completions.create(
+        model="smol", prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert comp.choices[0].text
+    emb = client.embeddings.create(model="smol", input="hello")
+    assert len(emb.data[0].embedding) == 576
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+def test_prediction_counts_accepted_tokens(served: Daemon) -> None:
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused")
+    base = client.chat.completions.create(
+        model="smol",
+        temperature=0,
+        max_tokens=40,
+        messages=[{"role": "user", "content": "Write one sentence about the sea."}],
+    )
+    text = base.choices[0].message.content or ""
+    again = client.chat.completions.create(
+        model="smol",
+        temperature=0,
+        max_tokens=40,
+        prediction={"type": "content", "content": text},
+        messages=[{"role": "user", "content": "Write one sentence about the sea."}],
+    )
+    assert again.choices[0].message.content == text
+    details = again.usage.completion_tokens_details  # type: ignore[union-attr]
+    assert details.accepted_prediction_tokens and details.accepted_prediction_tokens > 10
+
+
+def test_bad_input_is_4xx(served: Daemon) -> None:
+    with served.client() as c:
+        cases = [
+            ("/api/generate", {"model": "nope", "prompt": "x"}, 404),
+            ("/api/chat", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404),
+            (
+                "/api/generate",
+                {"model": "smol", "prompt": "x", "options": {"temperature": "hot"}},
+                400,
+            ),
+            ("/api/generate", {"model": "smol", "prompt": "x", "options": {"num_ctx": 10**9}}, 400),
+            ("/api/generate", {"model": "smol", "prompt": "x", "keep_alive": "300"}, 400),
+            ("/api/chat", {"model": "smol", "messages": "hi"}, 400),
+            ("/api/generate", {"model": "smol", "prompt": "x", "format": "yaml"}, 400),
+            ("/api/embed", {"model": "smol", "input": [1, 2]}, 400),
+        ]
+        for path, body, status in cases:
+            r = c.post(path, json=body)
+            assert r.status_code == status, (path, body, r.status_code, r.text)
+            assert r.json()["error"]
+        r = c.post("/api/generate", content=b"{oops")
+        assert r.status_code == 400
+
+
+def test_concurrent_clients_all_answered(served: Daemon) -> None:
+    results: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        with served.client() as c:
+            r = c.post(
+                "/api/generate",
+                json={
+                    "model": "smol",
+                    "prompt": f"Count to {i + 3}.",
+                    "options": {"temperature": 0, "num_predict": 12},
+                    "stream": False,
+                },
+            )
+            results[i] = r.json()["response"] if r.status_code == 200 else f"HTTP {r.status_code}"
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 4 and all(not v.startswith("HTTP") and v for v in results.values())
+
+
+def test_hung_up_stream_frees_the_model(served: Daemon) -> None:
+    with (
+        served.client() as c,
+        c.stream(
+            "POST",
+            "/api/generate",
+            json={
+                "model": "smol",
+                "prompt": "Tell me a very long story.",
+                "options": {"temperature": 0, "num_predict": 2000},
+            },
+        ) as r,
+    ):
+        for _ in r.iter_lines():
+            break  # hang up after the first token
+    start = time.monotonic()
+    with served.client() as c:
+        r = c.post(
+            "/api/generate",
+            json={"model": "smol", "prompt": "Hi", "options": GREEDY, "stream": False},
+        )
+    assert r.status_code == 200
+    # 2000 tokens would take >10 s; a freed runner answers at once.
+    assert time.monotonic() - start < 8
+
+
+def test_killed_runner_is_survived(served: Daemon) -> None:
+    with served.client() as c:
+        c.post(
+            "/api/generate",
+            json={"model": "smol", "prompt": "Hi", "options": GREEDY, "stream": False},
+        )
+        pids = _runner_pids(served)
+        assert pids
+        with c.stream(
+            "POST",
+            "/api/generate",
+            json={
+                "model": "smol",
+                "prompt": "Tell me a long story.",
+                "options": {"temperature": 0, "num_predict": 3000},
+            },
+        ) as r:
+            it = r.iter_lines()
+            next(it)
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            rest = [json.loads(line) for line in it if line.strip()]
+        assert rest and "error" in rest[-1] and "stopped unexpectedly" in rest[-1]["error"]
+        r = c.post(
+            "/api/generate",
+            json={"model": "smol", "prompt": "Hi", "options": GREEDY, "stream": False},
+        )
+        assert r.status_code == 200 and r.json()["done"]
+        assert _runner_pids(served) and set(_runner_pids(served)).isdisjoint(pids)
+
+
+def test_keep_alive_zero_unloads(served: Daemon) -> None:
+    with served.client() as c:
+        c.post("/api/generate", json={"model": "smol", "keep_alive": -1})
+        assert "smol:latest" in [m["name"] for m in c.get("/api/ps").json()["models"]]
+        r = c.post("/api/generate", json={"model": "smol", "keep_alive": 0}).json()
+        assert r["done_reason"] == "unload"
+        assert "smol:latest" not in [m["name"] for m in c.get("/api/ps").json()["models"]]
+
+
+def test_metrics(served: Daemon) -> None:
+    with served.client() as c:
+        text = c.get("/metrics").text
+    assert "modelhub_generated_tokens_total" in text
+    assert "modelhub_draft_proposed_tokens_total" in text
+    assert "modelhub_requests_total" in text
+
+
+def _runner_pids(d: Daemon) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"modelhub.engine.runner" in cmd and f"MODELHUB_MODELS={d.models}".encode() in env:
+            pids.append(int(proc.name))
+    return pids
