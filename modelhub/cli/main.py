@@ -13,7 +13,7 @@ import click
 import httpx
 
 from modelhub import __version__
-from modelhub.cli import models, serve
+from modelhub.cli import bench, models, pull, run, runtime, serve
 from modelhub.client import Client
 from modelhub.config import Settings
 from modelhub.errors import ModelhubError
@@ -88,6 +88,12 @@ cli.add_command(models.list_models)
 cli.add_command(models.list_models, name="ls")
 cli.add_command(models.copy)
 cli.add_command(models.remove)
+cli.add_command(run.run)
+cli.add_command(runtime.ps)
+cli.add_command(runtime.stop)
+cli.add_command(pull.pull)
+cli.add_command(pull.prune)
+cli.add_command(bench.bench)
 
 
 def main() -> None:

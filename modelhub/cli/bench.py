@@ -1,0 +1,314 @@
+"""`bench MODEL`: the same prompts with drafting off and on, side by side.
+
+Every request is greedy (temperature 0), so drafting must not change a single token: the
+table says whether the outputs were identical, next to the speed and the acceptance rate.
+Runs are grouped by configuration because the draft length is a load-time setting (changing
+it reloads the model); each group starts with an empty request that does the loading, so
+load time never counts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from modelhub.cli.models import connect
+from modelhub.client import Client
+from modelhub.errors import BadRequest
+
+DEFAULT_PROMPTS = (
+    "Why is the sky blue? Answer in three sentences.",
+    "Rewrite the following text with the spelling mistakes fixed and nothing else changed:\n\n"
+    "The quick brown fox jumpd over the lazy dog. Then the dog woke up, streched, and "
+    "chased the fox acros the field untill both of them were to tired to run any further. "
+    "In the evening they sat together by the river and watched the sun go down.",
+    "List the twelve months of the year, one per line, numbered from 1 to 12.",
+)
+DEFAULT_NUM_PREDICT = 128
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way of running: ``draft_num_predict`` 0 is off, None the model's own setting."""
+
+    label: str
+    draft_num_predict: int | None
+
+    @property
+    def is_off(self) -> bool:
+        return self.draft_num_predict == 0
+
+
+@dataclass(frozen=True)
+class Run:
+    """The outcome of one request."""
+
+    prompt: int  # index into the prompt list
+    config: str
+    eval_count: int
+    eval_duration_ns: int
+    draft_count: int
+    draft_accepted_count: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a prompt (or ``all``) under one configuration."""
+
+    prompt: str
+    config: str
+    tokens: int
+    tokens_per_second: float | None
+    acceptance: float | None
+    speedup: float | None
+    identical: bool | None  # None for the baseline itself
+
+
+def configs_for(draft: dict[str, Any] | None, bounds: Sequence[int]) -> list[Config]:
+    """Off first, then each requested bound, or the model's own setting when none is given."""
+    if not draft:
+        raise BadRequest(
+            "this model has no DRAFT, so there is nothing to compare: create one with a DRAFT "
+            "line (a smaller model, mtp or ngram), see docs/modelfile.md"
+        )
+    kind = str(draft.get("kind") or "draft")
+    for bound in bounds:
+        if not 1 <= bound <= 64:
+            raise BadRequest(f"--draft-num-predict must be between 1 and 64, got {bound}")
+    configs = [Config("off", 0)]
+    if bounds:
+        configs += [Config(f"{kind} ≤{bound}", bound) for bound in dict.fromkeys(bounds)]
+    else:
+        own = draft.get("draft_num_predict")
+        configs.append(Config(f"{kind} ≤{own}" if own else kind, None))
+    return configs
+
+
+def generate_request(model: str, prompt: str, config: Config, num_predict: int) -> dict[str, Any]:
+    options: dict[str, Any] = {"temperature": 0, "num_predict": num_predict}
+    if config.draft_num_predict is not None:
+        options["draft_num_predict"] = config.draft_num_predict
+    return {"model": model, "prompt": prompt, "stream": False, "options": options}
+
+
+def run_from_answer(prompt: int, config: Config, answer: dict[str, Any]) -> Run:
+    def number(key: str) -> int:
+        value = answer.get(key)
+        return int(value) if isinstance(value, int | float) else 0
+
+    return Run(
+        prompt=prompt,
+        config=config.label,
+        eval_count=number("eval_count"),
+        eval_duration_ns=number("eval_duration"),
+        draft_count=number("draft_count"),
+        draft_accepted_count=number("draft_accepted_count"),
+        text=str(answer.get("response") or ""),
+    )
+
+
+def _rate(runs: Sequence[Run]) -> float | None:
+    seconds = sum(r.eval_duration_ns for r in runs) / 1e9
+    return sum(r.eval_count for r in runs) / seconds if seconds > 0 else None
+
+
+def _acceptance(runs: Sequence[Run]) -> float | None:
+    proposed = sum(r.draft_count for r in runs)
+    return sum(r.draft_accepted_count for r in runs) / proposed if proposed else None
+
+
+def summarise(runs: Sequence[Run], prompts: Sequence[str], configs: Sequence[Config]) -> list[Row]:
+    """Rows per prompt and configuration, then ``all`` rows over every prompt. Speed-up is
+    against the first (off) configuration on the same prompts; identical means every output
+    equals the first off output of its prompt."""
+    baseline = configs[0].label
+    reference = {
+        p: next((r.text for r in runs if r.prompt == p and r.config == baseline), None)
+        for p in range(len(prompts))
+    }
+
+    def row(label: str, config: Config, chosen: Sequence[Run], base: Sequence[Run]) -> Row:
+        rate, base_rate = _rate(chosen), _rate(base)
+        same: bool | None = all(r.text == reference[r.prompt] for r in chosen)
+        if config.label == baseline and same:
+            same = None  # the baseline agrees with itself; only a disagreement is news
+        return Row(
+            prompt=label,
+            config=config.label,
+            tokens=sum(r.eval_count for r in chosen),
+            tokens_per_second=rate,
+            acceptance=_acceptance(chosen),
+            speedup=rate / base_rate if rate and base_rate else None,
+            identical=same,
+        )
+
+    rows = []
+    for index, prompt in enumerate(prompts):
+        base = [r for r in runs if r.prompt == index and r.config == baseline]
+        for config in configs:
+            chosen = [r for r in runs if r.prompt == index and r.config == config.label]
+            rows.append(row(prompt_label(prompt), config, chosen, base))
+    if len(prompts) > 1:
+        base = [r for r in runs if r.config == baseline]
+        for config in configs:
+            rows.append(row("all", config, [r for r in runs if r.config == config.label], base))
+    return rows
+
+
+def prompt_label(prompt: str, width: int = 32) -> str:
+    """A prompt on one short line for the table."""
+    flat = " ".join(prompt.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _identical(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "NO")
+
+
+def bench_table(rows: Sequence[Row], title: str) -> Table:
+    """The side-by-side table for rich."""
+    table = Table(title=title, title_justify="left")
+    for header, justify in (
+        ("prompt", "left"),
+        ("config", "left"),
+        ("tokens", "right"),
+        ("eval tok/s", "right"),
+        ("acceptance", "right"),
+        ("speed-up", "right"),
+        ("identical", "center"),
+    ):
+        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    previous = None
+    for row in rows:
+        if previous is not None and row.prompt != previous:
+            table.add_section()
+        previous = row.prompt
+        rate = "-" if row.tokens_per_second is None else f"{row.tokens_per_second:.2f}"
+        table.add_row(
+            row.prompt,
+            row.config,
+            str(row.tokens),
+            rate,
+            _percent(row.acceptance),
+            _times(row.speedup),
+            _identical(row.identical),
+            style="bold red" if row.identical is False else None,
+        )
+    return table
+
+
+def bench_json(
+    model: str, prompts: Sequence[str], rows: Sequence[Row], runs: Sequence[Run]
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompts": list(prompts),
+        "rows": [asdict(r) for r in rows],
+        "runs": [asdict(r) for r in runs],
+    }
+
+
+def run_bench(
+    client: Client,
+    model: str,
+    prompts: Sequence[str],
+    configs: Sequence[Config],
+    *,
+    num_predict: int,
+    repeat: int,
+    progress: Callable[[str], None] = lambda _text: None,
+) -> list[Run]:
+    """Every prompt ``repeat`` times under each configuration, in that order."""
+    runs = []
+    for config in configs:
+        progress(f"loading {model} ({config.label})")
+        load: dict[str, Any] = {"model": model}
+        if config.draft_num_predict is not None:
+            load["options"] = {"draft_num_predict": config.draft_num_predict}
+        client.request_json("POST", "/api/generate", load)
+        for index, prompt in enumerate(prompts):
+            for attempt in range(repeat):
+                progress(
+                    f"{config.label}: prompt {index + 1}/{len(prompts)}"
+                    + (f", run {attempt + 1}/{repeat}" if repeat > 1 else "")
+                )
+                request = generate_request(model, prompt, config, num_predict)
+                answer = client.request_json("POST", "/api/generate", request) or {}
+                runs.append(run_from_answer(index, config, answer))
+    return runs
+
+
+@click.command("bench")
+@click.argument("model")
+@click.option(
+    "--draft-num-predict",
+    "bounds",
+    type=int,
+    multiple=True,
+    metavar="N",
+    help="Draft length to try (repeatable; default: the model's own).",
+)
+@click.option("--prompt", "prompts", multiple=True, metavar="TEXT", help="A prompt (repeatable).")
+@click.option(
+    "--num-predict",
+    type=click.IntRange(1, 100_000),
+    default=DEFAULT_NUM_PREDICT,
+    show_default=True,
+    help="Tokens to generate per prompt.",
+)
+@click.option(
+    "--repeat", type=click.IntRange(1, 1000), default=1, show_default=True, help="Runs per prompt."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def bench(
+    model: str,
+    bounds: tuple[int, ...],
+    prompts: tuple[str, ...],
+    num_predict: int,
+    repeat: int,
+    as_json: bool,
+) -> None:
+    """Compare MODEL with drafting off and on: tok/s, acceptance, speed-up, identical output.
+
+    All requests are greedy (temperature 0): speculative decoding is lossless, so the outputs
+    must be identical; a difference is shown in red.
+    """
+    client = connect()
+    configs = configs_for(client.show(model).get("draft"), bounds)
+    chosen = list(prompts) or list(DEFAULT_PROMPTS)
+    errors = Console(stderr=True, highlight=False)
+    if errors.is_terminal:
+        with errors.status("") as status:
+            runs = run_bench(
+                client,
+                model,
+                chosen,
+                configs,
+                num_predict=num_predict,
+                repeat=repeat,
+                progress=lambda text: status.update(text),
+            )
+    else:
+        runs = run_bench(client, model, chosen, configs, num_predict=num_predict, repeat=repeat)
+    rows = summarise(runs, chosen, configs)
+    if as_json:
+        click.echo(json.dumps(bench_json(model, chosen, rows, runs), indent=2))
+        return
+    title = f"{model}: {num_predict} tokens per prompt, {repeat} run(s) each, greedy"
+    Console(file=sys.stdout, highlight=False).print(bench_table(rows, title))

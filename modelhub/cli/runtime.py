@@ -1,0 +1,95 @@
+"""`ps` (what is loaded, and how it drafts) and `stop MODEL` (unload it now)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from modelhub.cli import render
+from modelhub.cli.models import connect
+from modelhub.client import ResponseError
+from modelhub.errors import NotFound
+
+PS_HEADERS = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "DRAFT"]
+
+
+def processor_text(size: Any, size_vram: Any) -> str:
+    """Where the model's memory is: ``100% CPU``, ``100% GPU``, ``48%/52% CPU/GPU``."""
+    total = size if isinstance(size, int | float) else 0
+    vram = size_vram if isinstance(size_vram, int | float) else 0
+    if vram <= 0:
+        return "100% CPU"
+    if total <= 0 or vram > total:
+        return "Unknown"
+    if vram == total:
+        return "100% GPU"
+    gpu = round(vram / total * 100)
+    return f"{100 - gpu}%/{gpu}% CPU/GPU"
+
+
+def until_text(expires_at: Any, now: datetime) -> str:
+    """When the model unloads: ``4 minutes from now``, ``Forever``, or ``Stopping...``."""
+    moment = render.parse_timestamp(str(expires_at or ""))
+    if moment is None or moment.year <= 1:
+        return "-"
+    if moment <= now:
+        return "Stopping..."
+    return render.format_relative_time(moment, now)
+
+
+def draft_text(draft: Any) -> str:
+    """The DRAFT column: ``draft_model ≤4``, ``ngram ≤8``, ``mtp``, or ``-`` without one."""
+    if not isinstance(draft, Mapping) or not draft.get("kind"):
+        return "-"
+    bound = draft.get("draft_num_predict")
+    kind = str(draft["kind"])
+    if isinstance(bound, int) and not isinstance(bound, bool):
+        return f"{kind} ≤{bound}"
+    return kind
+
+
+def ps_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
+    """The `ps` table: Ollama's columns and DRAFT."""
+    rows = []
+    for model in models:
+        size = model.get("size")
+        context = model.get("context_length")
+        rows.append(
+            [
+                str(model.get("name") or model.get("model") or ""),
+                render.short_digest(str(model.get("digest", ""))),
+                render.format_size(size) if isinstance(size, int | float) and size > 0 else "-",
+                processor_text(size, model.get("size_vram")),
+                str(context) if isinstance(context, int) and context > 0 else "-",
+                until_text(model.get("expires_at"), now),
+                draft_text(model.get("draft")),
+            ]
+        )
+    return render.format_table(PS_HEADERS, rows)
+
+
+@click.command("ps")
+@click.argument("prefix", required=False)
+def ps(prefix: str | None) -> None:
+    """List loaded models (optionally only those whose name starts with PREFIX)."""
+    answer = connect().request_json("GET", "/api/ps") or {}
+    models: list[Any] = list(answer.get("models") or []) if isinstance(answer, dict) else []
+    if prefix:
+        models = render.filter_by_prefix(models, prefix)
+    click.echo(ps_table(models, datetime.now(UTC)), nl=False)
+
+
+@click.command("stop")
+@click.argument("model")
+def stop(model: str) -> None:
+    """Unload MODEL now (a model that is not loaded is left as it is)."""
+    client = connect()
+    try:
+        client.request_json("POST", "/api/generate", {"model": model, "keep_alive": 0})
+    except ResponseError as exc:
+        if exc.status == 404 or "not found" in exc.error:
+            raise NotFound(f'couldn\'t find model "{model}" to stop') from None
+        raise
