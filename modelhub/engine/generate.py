@@ -237,7 +237,7 @@ class Engine:
         self.ctx = LlamaContext(
             self.model, n_ctx=n_ctx, n_batch=cfg.n_batch, n_threads=self.n_threads
         )
-        self.n_ctx = self.ctx.n_ctx
+        self.n_ctx = min(n_ctx, self.ctx.n_ctx)  # llama.cpp may round the context up
         self._cached: list[int] = []  # exactly the tokens in the target's KV cache
         self._lock = threading.Lock()
         self._embed_ctx: LlamaContext | None = None

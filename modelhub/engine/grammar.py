@@ -86,7 +86,7 @@ class GrammarConstraint:
         llama_cpp.llama_sampler_accept(self._handle, token)
 
     def close(self) -> None:
-        if self._handle:
+        if getattr(self, "_handle", None):
             llama_cpp.llama_sampler_free(self._handle)
             self._handle = None
 
