@@ -119,35 +119,30 @@ def print_stats(final: Mapping[str, Any], err: TextIO) -> None:
 class WordWrapper:
     """Breaks streamed text into lines of at most ``width`` cells at spaces, as it arrives.
 
-    A word is held back until the space (or newline) that ends it, then written on the current
-    line if it fits, else on a new one; a word longer than a line is cut. Each piece keeps its
-    drafted flag so colours survive wrapping.
+    A word is held back until the space or newline that ends it, then written on the current
+    line if it fits, else on a new one (the spaces before it are dropped, so no line ends in
+    blanks); a word longer than a line is cut. Each piece keeps its drafted flag so colours
+    survive wrapping.
     """
 
     def __init__(self, width: int) -> None:
         self.width = max(width, 1)
         self.column = 0
+        self._spaces: list[Segment] = []
         self._word: list[Segment] = []
         self._word_cells = 0
-        self._wrapped = False  # the last newline was ours: skip the space that caused it
 
     def feed(self, text: str, drafted: bool = False) -> list[Segment]:
         out: list[Segment] = []
         for char in text:
             if char == "\n":
                 out += self._emit_word()
+                out += self._emit_spaces()
                 out.append(("\n", False))
-                self.column, self._wrapped = 0, False
+                self.column = 0
             elif char == " ":
                 out += self._emit_word()
-                if self.column == 0 and self._wrapped:
-                    continue
-                if self.column + 1 > self.width:
-                    out.append(("\n", False))
-                    self.column, self._wrapped = 0, True
-                    continue
-                out.append((" ", drafted))
-                self.column += 1
+                self._spaces.append((" ", drafted))
             else:
                 cells = cell_len(char)
                 self._word.append((char, drafted))
@@ -158,23 +153,29 @@ class WordWrapper:
         return merge_segments(out)
 
     def flush(self) -> list[Segment]:
-        """The word still held back (end of the answer)."""
-        return merge_segments(self._emit_word())
+        """What is still held back (end of the answer)."""
+        return merge_segments(self._emit_word() + self._emit_spaces())
+
+    def _emit_spaces(self) -> list[Segment]:
+        """Spaces that end a line: kept if they fit, dropped if not (they are invisible)."""
+        fitting = self._spaces[: max(self.width - self.column, 0)]
+        self.column += len(fitting)
+        self._spaces = []
+        return fitting
 
     def _emit_word(self) -> list[Segment]:
         if not self._word:
             return []
         out: list[Segment] = []
-        if self.column > 0 and self.column + self._word_cells > self.width:
+        if self.column > 0 and self.column + len(self._spaces) + self._word_cells > self.width:
             out.append(("\n", False))
             self.column = 0
+        else:
+            out += self._spaces
+            self.column += len(self._spaces)
         out += self._word
         self.column += self._word_cells
-        self._wrapped = False
-        self._word, self._word_cells = [], 0
-        if self.column >= self.width:  # a full line (a cut long word): continue below
-            out.append(("\n", False))
-            self.column, self._wrapped = 0, True
+        self._spaces, self._word, self._word_cells = [], [], 0
         return out
 
 
