@@ -17,7 +17,10 @@ from tests.realmodels import smollm2_q8_0
 
 pytestmark = pytest.mark.slow
 
-SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+SYSTEM = (
+    "<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+)
 
 
 def chat(user: str) -> str:
