@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -257,3 +260,50 @@ async def create(request: Request) -> Response:
         state.on_model_changed(req.model)
 
     return await run_streaming(job, stream)
+
+
+@router.post("/api/pull")
+async def pull(request: Request) -> Response:
+    from modelhub.pull import pull_model
+
+    state = get_state(request)
+    data = await read_json(request)
+    ref = model_field(data)
+    if not ref:
+        raise BadRequest("invalid model name")
+    insecure = field(data, "insecure", bool, False)
+    stream = field(data, "stream", bool, True)
+    cancel = threading.Event()
+
+    def job(emit: Any) -> None:
+        name = pull_model(state.store, ref, insecure=insecure, progress=emit, cancel=cancel)
+        state.on_model_changed(name)
+
+    return await run_streaming(job, stream, cancel)
+
+
+@router.post("/api/prune")
+async def prune(request: Request) -> Response:
+    """Remove unreferenced blobs and abandoned partial downloads (``modelhub prune``)."""
+    from modelhub.pull import prune_partials
+
+    state = get_state(request)
+
+    def work() -> tuple[list[str], int]:
+        before = _dir_size(state.store.blobs_dir)
+        removed = prune_partials(state.store, older_than=0)
+        # A blob uploaded in the last minutes may be waiting for its /api/create: keep it.
+        removed += state.store.prune(grace_seconds=600)
+        return removed, max(0, before - _dir_size(state.store.blobs_dir))
+
+    removed, freed = await asyncio.to_thread(work)
+    return JSONResponse({"removed": removed, "freed": freed})
+
+
+def _dir_size(path: Any) -> int:
+    total = 0
+    for entry in os.scandir(path):
+        with contextlib.suppress(OSError):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total

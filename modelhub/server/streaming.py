@@ -35,7 +35,8 @@ def error_text(exc: BaseException) -> str:
     return exc.message if isinstance(exc, ModelhubError) else f"internal error: {exc}"
 
 
-async def run_streaming(job: Job, stream: bool) -> Response:
+async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None = None) -> Response:
+    """``cancel`` is set when the client goes away before the job is done."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -70,12 +71,16 @@ async def run_streaming(job: Job, stream: bool) -> Response:
 
     async def lines() -> AsyncIterator[bytes]:
         item = first
-        while item is not _DONE:
-            if isinstance(item, BaseException):
-                yield _line({"error": error_text(item)})
-            else:
-                yield _line(item)
-            item = await queue.get()
+        try:
+            while item is not _DONE:
+                if isinstance(item, BaseException):
+                    yield _line({"error": error_text(item)})
+                else:
+                    yield _line(item)
+                item = await queue.get()
+        finally:
+            if item is not _DONE and cancel is not None:
+                cancel.set()
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
