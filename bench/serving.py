@@ -1,0 +1,590 @@
+"""Serving overhead: our daemon vs the engine called in-process vs llama.cpp's llama-server.
+
+    python bench/serving.py [--model smollm2-q4_1|smollm2-q8_0|PATH ...] [--threads 2]
+                            [--num-ctx 2048] [--num-predict 128] [--repeats 5]
+                            [--llama-server PATH] [--out results.json]
+
+One run, one GGUF at a time, the same thread count, context size, prompts and greedy decoding
+with a fixed ``num_predict`` for every configuration:
+
+* ``in-process``: ``Engine`` in this process; the clock starts before tokenisation.
+* ``daemon``: ``modelhub serve`` on a free loopback port with a temporary store; the model is
+  created through the HTTP API (blob upload + ``/api/create``) and asked through streaming
+  ``/api/generate`` with ``raw: true``; the clock starts when the request is sent.
+* ``llama-server`` (with ``--llama-server``): the same GGUF with ``-fa on``, one slot, asked
+  through streaming ``/completion`` with ``cache_prompt: false``.
+
+Each configuration answers one warm-up request first; then the configurations take turns, prompt
+by prompt, for ``--repeats`` rounds, so slow drift of the machine hits all of them alike. Every
+request yields: TTFT (start -> first streamed piece of text), streamed tok/s (pieces after the
+first / time from the first to the last, as a client sees them) and the tok/s the server itself
+reports (``eval_count/eval_duration``, llama-server's ``predicted_per_second``). A figure is the
+median over rounds per prompt, averaged over prompts. For the daemon the bench also reads the CPU
+time the daemon process, the runner process and this client spent per generated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+
+# Distinct first words: consecutive requests share only the chat-template prefix, so the engine's
+# prompt cache (in-process and daemon alike) reuses a handful of tokens, never a whole prompt.
+PROMPTS = (
+    "Explain in detail how a refrigerator keeps food cold, step by step, for a curious child.",
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "Describe the history of the printing press and how it changed Europe.",
+)
+# Warms every configuration up; unlike any measured prompt, so no measured request finds its
+# prompt already in the cache.
+WARMUP = "Name three colours."
+CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+SHORTCUTS = ("smollm2-q4_1", "smollm2-q8_0")
+GOAL_VS_IN_PROCESS = 0.95
+GOAL_VS_LLAMA_SERVER = 0.90
+GOAL_TTFT_OVERHEAD_MS = 15.0
+
+
+@dataclass
+class Sample:
+    """One measured request."""
+
+    prompt: int
+    ttft_ms: float
+    stream_tok_s: float
+    eval_tok_s: float
+    pieces: int
+    eval_count: int
+    prompt_eval_count: int  # prompt tokens evaluated (a prefix found in the cache is not)
+    text: str
+
+
+@dataclass
+class Settings:
+    threads: int
+    num_ctx: int
+    num_predict: int
+
+
+class Target(Protocol):
+    name: str
+
+    def ask(self, prompt: str, index: int) -> Sample: ...
+
+
+def _now() -> int:
+    return time.perf_counter_ns()
+
+
+def _stream_rate(stamps: list[int]) -> float:
+    """Pieces after the first per second between the first and the last piece."""
+    if len(stamps) < 2 or stamps[-1] == stamps[0]:
+        return 0.0
+    return (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1e9)
+
+
+def _ttft_ms(start: int, stamps: list[int]) -> float:
+    return (stamps[0] - start) / 1e6 if stamps else float("nan")
+
+
+# ---- in-process ------------------------------------------------------------------------------
+
+
+class InProcess:
+    name = "in-process"
+
+    def __init__(self, model: Path, settings: Settings) -> None:
+        from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions
+
+        self.engine = Engine(
+            EngineConfig(model_path=model, n_ctx=settings.num_ctx, n_threads=settings.threads)
+        )
+        self.options = GenerateOptions(num_predict=settings.num_predict, temperature=0.0)
+
+    def ask(self, prompt: str, index: int) -> Sample:
+        from modelhub.engine.generate import TokenEvent
+
+        stamps: list[int] = []
+
+        def on_token(event: TokenEvent) -> None:
+            if event.text:  # the runner streams only events that carry text; count alike
+                stamps.append(_now())
+
+        start = _now()
+        tokens = self.engine.tokenize(prompt)
+        result = self.engine.generate(tokens, self.options, on_token=on_token)
+        return Sample(
+            prompt=index,
+            ttft_ms=_ttft_ms(start, stamps),
+            stream_tok_s=_stream_rate(stamps),
+            eval_tok_s=result.eval_count / (result.eval_duration_ns / 1e9),
+            pieces=len(stamps),
+            eval_count=result.eval_count,
+            prompt_eval_count=result.prompt_eval_count,
+            text=result.text,
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+# ---- daemon ----------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class DaemonTarget:
+    name = "daemon"
+    model_name = "bench-serving"
+
+    def __init__(self, model: Path, settings: Settings, workdir: Path) -> None:
+        from tests.conftest import start_daemon
+
+        self.settings = settings
+        self.daemon = start_daemon(
+            workdir / "models",
+            workdir / "daemon.log",
+            {"MODELHUB_KEEP_ALIVE": "-1", "MODELHUB_NUM_THREADS": str(settings.threads)},
+        )
+        self.client = httpx.Client(base_url=self.daemon.url, timeout=600)
+        self.cpu = {"daemon": 0.0, "runner": 0.0, "client": 0.0}
+        self.tokens = 0
+        try:
+            self._create(model)
+        except BaseException:
+            self.close()
+            raise
+
+    def _create(self, model: Path) -> None:
+        digest = _sha256(model)
+        with model.open("rb") as body:
+            r = self.client.post(f"/api/blobs/{digest}", content=body)
+        if r.status_code not in (200, 201):
+            raise RuntimeError(f"blob upload failed ({r.status_code}): {r.text}")
+        r = self.client.post(
+            "/api/create",
+            json={"model": self.model_name, "files": {model.name: digest}, "stream": False},
+        )
+        if r.status_code != 200:
+            raise RuntimeError(f"/api/create failed ({r.status_code}): {r.text}")
+
+    def _pids(self) -> tuple[int, list[int]]:
+        pid = self.daemon.proc.pid
+        return pid, _children(pid)
+
+    def ask(self, prompt: str, index: int) -> Sample:
+        body = {
+            "model": self.model_name,
+            "prompt": prompt,
+            "raw": True,
+            "stream": True,
+            "keep_alive": -1,
+            "options": {
+                "temperature": 0,
+                "num_predict": self.settings.num_predict,
+                "num_ctx": self.settings.num_ctx,
+                "num_thread": self.settings.threads,
+            },
+        }
+        daemon_pid, runners = self._pids()
+        cpu_before = (_cpu_seconds(daemon_pid), sum(map(_cpu_seconds, runners)), _self_cpu())
+        stamps: list[int] = []
+        pieces: list[str] = []
+        final: dict[str, Any] = {}
+        start = _now()
+        with self.client.stream("POST", "/api/generate", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                raise RuntimeError(f"/api/generate failed ({r.status_code}): {r.text}")
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                obj = json.loads(line)
+                if "error" in obj:
+                    raise RuntimeError(f"/api/generate streamed an error: {obj['error']}")
+                if obj.get("done"):
+                    final = obj
+                elif obj.get("response"):
+                    stamps.append(_now())
+                    pieces.append(obj["response"])
+        daemon_pid, runners_after = self._pids()
+        runners = sorted(set(runners) | set(runners_after))
+        self.cpu["daemon"] += _cpu_seconds(daemon_pid) - cpu_before[0]
+        self.cpu["runner"] += sum(map(_cpu_seconds, runners)) - cpu_before[1]
+        self.cpu["client"] += _self_cpu() - cpu_before[2]
+        eval_count = int(final.get("eval_count", 0))
+        self.tokens += eval_count
+        eval_ns = int(final.get("eval_duration", 0))
+        return Sample(
+            prompt=index,
+            ttft_ms=_ttft_ms(start, stamps),
+            stream_tok_s=_stream_rate(stamps),
+            eval_tok_s=eval_count / (eval_ns / 1e9) if eval_ns else 0.0,
+            pieces=len(stamps),
+            eval_count=eval_count,
+            prompt_eval_count=int(final.get("prompt_eval_count", 0)),
+            text="".join(pieces),
+        )
+
+    def reset_cpu(self) -> None:
+        self.cpu = dict.fromkeys(self.cpu, 0.0)
+        self.tokens = 0
+
+    def cpu_per_token_ms(self) -> dict[str, float]:
+        return {k: 1000 * v / max(self.tokens, 1) for k, v in self.cpu.items()}
+
+    def close(self) -> None:
+        self.client.close()
+        self.daemon.stop()
+
+
+# ---- llama-server ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    from tests.conftest import free_port
+
+    return free_port()
+
+
+class LlamaServer:
+    name = "llama-server"
+
+    def __init__(self, binary: Path, model: Path, settings: Settings, log: Path) -> None:
+        self.settings = settings
+        port = _free_port()
+        threads = str(settings.threads)
+        cmd = [
+            str(binary),
+            *("-m", str(model)),
+            *("--host", "127.0.0.1", "--port", str(port)),
+            *("-t", threads, "-tb", threads),
+            *("-c", str(settings.num_ctx), "-b", "512", "-ub", "512", "-np", "1"),
+            *("-fa", "on", "--no-webui", "-cram", "0"),
+        ]
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}):\n{tail}")
+            try:
+                if self.client.get("/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("llama-server did not become ready in 120 s")
+
+    def ask(self, prompt: str, index: int) -> Sample:
+        body = {
+            "prompt": prompt,
+            "n_predict": self.settings.num_predict,
+            "stream": True,
+            "cache_prompt": False,
+            "temperature": 0,
+        }
+        stamps: list[int] = []
+        pieces: list[str] = []
+        timings: dict[str, Any] = {}
+        start = _now()
+        with self.client.stream("POST", "/completion", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                raise RuntimeError(f"llama-server /completion failed ({r.status_code}): {r.text}")
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                obj = json.loads(line[len("data: ") :])
+                if obj.get("content"):
+                    stamps.append(_now())
+                    pieces.append(obj["content"])
+                if obj.get("stop"):
+                    timings = obj.get("timings") or {}
+        return Sample(
+            prompt=index,
+            ttft_ms=_ttft_ms(start, stamps),
+            stream_tok_s=_stream_rate(stamps),
+            eval_tok_s=float(timings.get("predicted_per_second") or 0.0),
+            pieces=len(stamps),
+            eval_count=int(timings.get("predicted_n") or 0),
+            prompt_eval_count=int(timings.get("prompt_n") or 0),
+            text="".join(pieces),
+        )
+
+    def close(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+# ---- measuring and reporting -----------------------------------------------------------------
+
+
+def resolve_model(spec: str) -> Path:
+    """A GGUF path, or one of SHORTCUTS (the cached test models, fetched on first use)."""
+    if spec in SHORTCUTS:
+        from tests.realmodels import smollm2_q4_1, smollm2_q8_0
+
+        return smollm2_q4_1() if spec == "smollm2-q4_1" else smollm2_q8_0()
+    path = Path(spec)
+    if not path.is_file():
+        raise SystemExit(f"error: --model {spec}: no such file (or use one of {SHORTCUTS})")
+    return path
+
+
+def summarise(samples: list[Sample], n_prompts: int) -> dict[str, float]:
+    """Median over rounds for each prompt, then the mean over prompts."""
+
+    def figure(get: Callable[[Sample], float]) -> float:
+        per_prompt = [
+            statistics.median(get(s) for s in samples if s.prompt == p) for p in range(n_prompts)
+        ]
+        return statistics.fmean(per_prompt)
+
+    return {
+        "tok_s": figure(lambda s: s.stream_tok_s),
+        "eval_tok_s": figure(lambda s: s.eval_tok_s),
+        "ttft_ms": figure(lambda s: s.ttft_ms),
+        "eval_count": figure(lambda s: s.eval_count),
+        "prompt_eval_count": figure(lambda s: s.prompt_eval_count),
+    }
+
+
+def _goal(value: float | None, goal: float, at_least: bool) -> dict[str, Any]:
+    met = None if value is None else (value >= goal if at_least else value < goal)
+    return {"value": value, "goal": (">= " if at_least else "< ") + str(goal), "met": met}
+
+
+def bench_model(model: Path, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    prompts = [CHATML.format(p) for p in PROMPTS[: args.prompts]]
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        work = Path(tmp)
+        print(f"\n== {model.name}: loading in-process engine, daemon, llama-server ...", flush=True)
+        inproc = InProcess(model, settings)
+        stack.callback(inproc.close)
+        daemon = DaemonTarget(model, settings, work)
+        stack.callback(daemon.close)
+        targets: list[Target] = [inproc, daemon]
+        if args.llama_server is not None:
+            server = LlamaServer(args.llama_server, model, settings, work / "llama-server.log")
+            stack.callback(server.close)
+            targets.append(server)
+        for target in targets:  # warm-up: loads the runner, allocates buffers
+            target.ask(CHATML.format(WARMUP), -1)
+        daemon.reset_cpu()
+        samples: dict[str, list[Sample]] = {t.name: [] for t in targets}
+        for round_ in range(args.repeats):
+            for index, prompt in enumerate(prompts):
+                for target in targets:
+                    samples[target.name].append(target.ask(prompt, index))
+            print(f"   round {round_ + 1}/{args.repeats} done", flush=True)
+        cpu = daemon.cpu_per_token_ms()
+    return report(model, samples, len(prompts), cpu)
+
+
+def report(
+    model: Path, samples: dict[str, list[Sample]], n_prompts: int, cpu: dict[str, float]
+) -> dict[str, Any]:
+    summary = {name: summarise(s, n_prompts) for name, s in samples.items()}
+    reference = {s.prompt: s.text for s in samples["in-process"]}
+    for name, s in samples.items():
+        summary[name]["same_text_as_in_process"] = all(x.text == reference[x.prompt] for x in s)
+    base = summary["in-process"]
+    mine = summary["daemon"]
+    llama = summary.get("llama-server")
+    ratios = {
+        "daemon_vs_in_process_tok_s": mine["tok_s"] / base["tok_s"],
+        "daemon_vs_llama_server_tok_s": mine["tok_s"] / llama["tok_s"] if llama else None,
+        "daemon_ttft_overhead_ms": mine["ttft_ms"] - base["ttft_ms"],
+    }
+    goals = {
+        "daemon_tok_s_vs_in_process": _goal(
+            ratios["daemon_vs_in_process_tok_s"], GOAL_VS_IN_PROCESS, True
+        ),
+        "daemon_tok_s_vs_llama_server": _goal(
+            ratios["daemon_vs_llama_server_tok_s"], GOAL_VS_LLAMA_SERVER, True
+        ),
+        "daemon_ttft_overhead_ms": _goal(
+            ratios["daemon_ttft_overhead_ms"], GOAL_TTFT_OVERHEAD_MS, False
+        ),
+    }
+    return {
+        "model": model.name,
+        "model_bytes": model.stat().st_size,
+        "configs": summary,
+        "ratios": ratios,
+        "goals": goals,
+        "daemon_cpu_ms_per_token": cpu,
+        "samples": {name: [asdict(x) | {"text": None} for x in s] for name, s in samples.items()},
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    configs = result["configs"]
+    base = configs["in-process"]
+    print(f"\n{result['model']}")
+    header = f"{'config':<14}{'tok/s':>9}{'eval tok/s':>12}{'TTFT ms':>10}{'x in-proc':>11}"
+    print(header + f"{'TTFT +ms':>10}{'same text':>11}")
+    for name, c in configs.items():
+        print(
+            f"{name:<14}{c['tok_s']:>9.1f}{c['eval_tok_s']:>12.1f}{c['ttft_ms']:>10.1f}"
+            f"{c['tok_s'] / base['tok_s']:>11.3f}{c['ttft_ms'] - base['ttft_ms']:>+10.1f}"
+            f"{'yes' if c['same_text_as_in_process'] else 'NO':>11}"
+        )
+    labels = {
+        "daemon_tok_s_vs_in_process": "daemon tok/s vs in-process",
+        "daemon_tok_s_vs_llama_server": "daemon tok/s vs llama-server",
+        "daemon_ttft_overhead_ms": "daemon TTFT overhead (ms)",
+    }
+    for key, goal in result["goals"].items():
+        if goal["value"] is None:
+            verdict, value = "not measured (no --llama-server)", "-"
+        else:
+            verdict, value = ("met" if goal["met"] else "MISSED"), f"{goal['value']:.3f}"
+        print(f"  goal {labels[key]:<30} {goal['goal']:>7}: {value:>8}  {verdict}")
+    cpu = result["daemon_cpu_ms_per_token"]
+    print(
+        "  CPU ms per generated token through the daemon: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+    )
+
+
+def conditions(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    import llama_cpp
+
+    cpu_model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    return {
+        **asdict(settings),
+        "repeats": args.repeats,
+        "prompts": [CHATML.format(p) for p in PROMPTS[: args.prompts]],
+        "decoding": "greedy (temperature 0)",
+        "cpu": cpu_model,
+        "cores": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "python": platform.python_version(),
+        "llama_cpp_python": llama_cpp.__version__,
+        "llama_server": str(args.llama_server) if args.llama_server else None,
+        "goals": {
+            "daemon_tok_s_vs_in_process": GOAL_VS_IN_PROCESS,
+            "daemon_tok_s_vs_llama_server": GOAL_VS_LLAMA_SERVER,
+            "daemon_ttft_overhead_ms": GOAL_TTFT_OVERHEAD_MS,
+        },
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument(
+        "--model",
+        action="append",
+        help=f"GGUF path or one of {', '.join(SHORTCUTS)} (repeatable; default smollm2-q4_1)",
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--num-ctx", type=int, default=2048)
+    parser.add_argument("--num-predict", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=[2, 3])
+    parser.add_argument("--llama-server", type=Path, help="path of a llama.cpp llama-server")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    for name in ("threads", "num_ctx", "num_predict", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.num_predict < 2:
+        parser.error("--num-predict must be at least 2 (a rate needs two tokens)")
+    if args.llama_server is not None and not os.access(args.llama_server, os.X_OK):
+        parser.error(f"--llama-server {args.llama_server}: not an executable file")
+    return args
+
+
+def _models(args: argparse.Namespace) -> Iterator[Path]:
+    for spec in args.model or ["smollm2-q4_1"]:
+        yield resolve_model(spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = Settings(args.threads, args.num_ctx, args.num_predict)
+    results: dict[str, Any] = {"conditions": conditions(args, settings), "models": []}
+    for model in list(_models(args)):
+        result = bench_model(model, settings, args)
+        results["models"].append(result)
+        print_table(result)
+    results["conditions"]["load_average_after"] = os.getloadavg()
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

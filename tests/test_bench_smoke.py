@@ -1,0 +1,95 @@
+"""bench/serving.py runs end to end on a tiny budget and writes the JSON it documents."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.realmodels import smollm2_q4_1
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench" / "serving.py"
+
+
+def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(BENCH), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_serving_bench_smoke(tmp_path: Path) -> None:
+    model = smollm2_q4_1()  # fetched (and cached) before the clock matters
+    out = tmp_path / "serving.json"
+    run = _bench(
+        *("--model", str(model), "--threads", "2", "--num-ctx", "512"),
+        *("--num-predict", "8", "--repeats", "1", "--prompts", "2", "--out", str(out)),
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "goal daemon tok/s vs in-process" in run.stdout
+    assert "not measured (no --llama-server)" in run.stdout
+
+    data = json.loads(out.read_text())
+    cond = data["conditions"]
+    assert (cond["threads"], cond["num_ctx"], cond["num_predict"], cond["repeats"]) == (
+        2,
+        512,
+        8,
+        1,
+    )
+    assert len(cond["prompts"]) == 2 and cond["llama_server"] is None
+    (result,) = data["models"]
+    assert result["model"] == model.name
+    assert set(result["configs"]) == {"in-process", "daemon"}
+    for name, config in result["configs"].items():
+        for key in ("tok_s", "eval_tok_s", "ttft_ms"):
+            assert math.isfinite(config[key]) and config[key] > 0, (name, key, config)
+        assert 2 <= config["eval_count"] <= 8, (name, config)
+        assert config["prompt_eval_count"] > 10, (name, config)
+        # Greedy, same engine, same prompt tokens: the daemon must say exactly the same.
+        assert config["same_text_as_in_process"] is True, name
+    prompt_tokens = {c["prompt_eval_count"] for c in result["configs"].values()}
+    assert len(prompt_tokens) == 1, "the daemon and the engine saw different prompts"
+
+    ratios = result["ratios"]
+    inproc, daemon = result["configs"]["in-process"], result["configs"]["daemon"]
+    assert ratios["daemon_vs_in_process_tok_s"] == pytest.approx(daemon["tok_s"] / inproc["tok_s"])
+    assert ratios["daemon_ttft_overhead_ms"] == pytest.approx(daemon["ttft_ms"] - inproc["ttft_ms"])
+    assert ratios["daemon_vs_llama_server_tok_s"] is None
+    goals = result["goals"]
+    assert goals["daemon_tok_s_vs_in_process"]["goal"] == ">= 0.95"
+    assert goals["daemon_tok_s_vs_in_process"]["met"] == (
+        ratios["daemon_vs_in_process_tok_s"] >= 0.95
+    )
+    assert goals["daemon_tok_s_vs_llama_server"]["met"] is None
+    cpu = result["daemon_cpu_ms_per_token"]
+    assert set(cpu) == {"daemon", "runner", "client"} and cpu["runner"] > 0
+    samples = result["samples"]
+    assert len(samples["in-process"]) == len(samples["daemon"]) == 2  # 2 prompts x 1 round
+
+
+def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.gguf"
+    run = _bench("--model", str(missing), "--repeats", "1", timeout=60)
+    assert run.returncode != 0
+    assert f"--model {missing}: no such file" in run.stderr
+    assert "Traceback" not in run.stderr
+
+    not_exe = tmp_path / "llama-server"
+    not_exe.write_text("")
+    run = _bench("--llama-server", str(not_exe), timeout=60)
+    assert run.returncode == 2 and "not an executable file" in run.stderr
+    assert "Traceback" not in run.stderr
+
+    run = _bench("--num-predict", "1", timeout=60)
+    assert run.returncode == 2 and "--num-predict must be at least 2" in run.stderr
