@@ -45,7 +45,7 @@ def suffix_keys(tokens: Sequence[int], end: int, n_max: int) -> list[int]:
     return keys
 
 
-class _Sequence:
+class IndexedSequence:
     """One sequence whose first ``indexed`` tokens are in the table.
 
     ``tokens`` remembers them for prefix matching (only the first ``max_sequence_tokens``).
@@ -102,7 +102,7 @@ class NgramPool:
         self._keys = array("Q", bytes(8 * capacity))
         self._next = array("i", bytes(4 * capacity))
         self._hits = array("B", bytes(capacity))
-        self._sequences: list[_Sequence] = []  # most recently used last
+        self._sequences: list[IndexedSequence] = []  # most recently used last
         self._lock = threading.Lock()
         self.writes = 0
 
@@ -149,7 +149,7 @@ class NgramPool:
 
     # --- sequences ---
 
-    def open_sequence(self, tokens: Sequence[int]) -> _Sequence:
+    def open_sequence(self, tokens: Sequence[int]) -> IndexedSequence:
         """Start tracking a sequence: index what the pool has not seen of ``tokens``.
 
         The longest prefix shared with a remembered sequence is already in the table, so only
@@ -163,13 +163,13 @@ class NgramPool:
                     best, best_len = seq, length
             if best is not None and best_len == len(best.tokens):
                 self._sequences.remove(best)  # the new sequence extends it: replace it
-            seq = _Sequence(tokens[: min(best_len, self.max_sequence_tokens)], best_len)
+            seq = IndexedSequence(tokens[: min(best_len, self.max_sequence_tokens)], best_len)
             self._sequences.append(seq)
             del self._sequences[: -self.max_sequences]
         self.extend(seq, tokens)
         return seq
 
-    def extend(self, seq: _Sequence, tokens: Sequence[int]) -> None:
+    def extend(self, seq: IndexedSequence, tokens: Sequence[int]) -> None:
         """``tokens`` is the sequence now: index the positions that are new to the pool."""
         done = seq.indexed
         recorded = len(seq.tokens)
@@ -214,7 +214,7 @@ class NgramDrafter:
         self.n_min = max(1, n_min)
         self.pool = pool
         self.unigram_min_hits = unigram_min_hits
-        self._seq: _Sequence | None = None
+        self._seq: IndexedSequence | None = None
 
     def begin(self, tokens: Sequence[int]) -> None:
         self._seq = self.pool.open_sequence(tokens)
