@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -79,16 +80,15 @@ def configs_for(draft: dict[str, Any] | None, bounds: Sequence[int]) -> list[Con
             "this model has no DRAFT, so there is nothing to compare: create one with a DRAFT "
             "line (a smaller model, mtp or ngram), see docs/modelfile.md"
         )
-    kind = str(draft.get("kind") or "draft")
     for bound in bounds:
         if not 1 <= bound <= 64:
             raise BadRequest(f"--draft-num-predict must be between 1 and 64, got {bound}")
     configs = [Config("off", 0)]
     if bounds:
-        configs += [Config(f"{kind} ≤{bound}", bound) for bound in dict.fromkeys(bounds)]
+        configs += [Config(f"≤{bound}", bound) for bound in dict.fromkeys(bounds)]
     else:
         own = draft.get("draft_num_predict")
-        configs.append(Config(f"{kind} ≤{own}" if own else kind, None))
+        configs.append(Config(f"≤{own}" if own else "on", None))
     return configs
 
 
@@ -163,7 +163,7 @@ def summarise(runs: Sequence[Run], prompts: Sequence[str], configs: Sequence[Con
     return rows
 
 
-def prompt_label(prompt: str, width: int = 32) -> str:
+def prompt_label(prompt: str, width: int = 24) -> str:
     """A prompt on one short line for the table."""
     flat = " ".join(prompt.split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
@@ -182,26 +182,27 @@ def _identical(value: bool | None) -> str:
 
 
 def bench_table(rows: Sequence[Row], title: str) -> Table:
-    """The side-by-side table for rich."""
-    table = Table(title=title, title_justify="left")
-    for header, justify in (
-        ("prompt", "left"),
-        ("config", "left"),
-        ("tokens", "right"),
-        ("eval tok/s", "right"),
-        ("acceptance", "right"),
-        ("speed-up", "right"),
-        ("identical", "center"),
-    ):
-        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    """The side-by-side table for rich; fits 80 columns."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("prompt", max_width=24, no_wrap=True, overflow="ellipsis")
+    table.add_column("draft", no_wrap=True)
+    for header in ("tokens", "tok/s", "accept", "speed-up"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("identical", justify="center", no_wrap=True)
     previous = None
     for row in rows:
         if previous is not None and row.prompt != previous:
             table.add_section()
-        previous = row.prompt
         rate = "-" if row.tokens_per_second is None else f"{row.tokens_per_second:.2f}"
         table.add_row(
-            row.prompt,
+            row.prompt if row.prompt != previous else "",
             row.config,
             str(row.tokens),
             rate,
@@ -210,6 +211,7 @@ def bench_table(rows: Sequence[Row], title: str) -> Table:
             _identical(row.identical),
             style="bold red" if row.identical is False else None,
         )
+        previous = row.prompt
     return table
 
 
@@ -290,7 +292,8 @@ def bench(
     must be identical; a difference is shown in red.
     """
     client = connect()
-    configs = configs_for(client.show(model).get("draft"), bounds)
+    draft = client.show(model).get("draft")
+    configs = configs_for(draft, bounds)
     chosen = list(prompts) or list(DEFAULT_PROMPTS)
     errors = Console(stderr=True, highlight=False)
     if errors.is_terminal:
@@ -310,5 +313,6 @@ def bench(
     if as_json:
         click.echo(json.dumps(bench_json(model, chosen, rows, runs), indent=2))
         return
-    title = f"{model}: {num_predict} tokens per prompt, {repeat} run(s) each, greedy"
+    kind = str((draft or {}).get("kind") or "draft")
+    title = f"{model} ({kind}): {num_predict} tokens per prompt, {repeat} run(s), greedy"
     Console(file=sys.stdout, highlight=False).print(bench_table(rows, title))

@@ -24,7 +24,7 @@ from modelhub.cli import render
 from modelhub.cli.run import answer_writer, close_stream, print_stats, stream_answer
 from modelhub.client import Client, ResponseError
 from modelhub.errors import ModelhubError
-from modelhub.modelfile import check_parameter, parse_parameter
+from modelhub.modelfile import check_parameter, format_parameters, parse_parameter
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -309,18 +309,8 @@ def session_parameters(model_parameters: str, options: dict[str, Any]) -> str:
     else:
         parts.append("No parameters were specified for this model.")
     if options:
-        lines = []
-        for name, value in options.items():
-            shown = " ".join(value) if isinstance(value, list) else _parameter_text(value)
-            lines.append(f"{name:<30}{shown}")
-        parts.append("User defined parameters:\n" + "\n".join(lines))
+        parts.append("User defined parameters:\n" + format_parameters(options))
     return "\n\n".join(parts)
-
-
-def _parameter_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 # -- the session -------------------------------------------------------------------------------
@@ -416,9 +406,9 @@ class Repl:
         if what not in ("info", "license", "modelfile", "parameters", "system", "template"):
             self.say(HELP_SHOW)
             return
-        info = self.client.show(
-            self.state.model, system=self.state.system, options=self.state.options or None
-        )
+        # The session's parameters are listed apart, so only the others see them merged.
+        options = None if what == "parameters" else self.state.options or None
+        info = self.client.show(self.state.model, system=self.state.system, options=options)
         if what == "info":
             self.say(render.show_summary(info))
         elif what == "parameters":
@@ -451,12 +441,12 @@ class Repl:
 
 
 def save_request(name: str, state: ReplState, info: dict[str, Any]) -> dict[str, Any]:
-    """The ``/api/create`` request of ``/save``: the model this session runs, with its system
-    message, parameters and conversation."""
-    parent = str((info.get("details") or {}).get("parent_model") or "") or state.model
+    """The ``/api/create`` request of ``/save``: the model this session runs (so its weights,
+    template and draft carry over), with the session's system message, parameters and
+    conversation after the model's own MESSAGEs."""
     loaded = [m for m in info.get("messages") or [] if isinstance(m, dict)]
     said = [m for m in state.messages if m.get("role") != "system"]
-    request: dict[str, Any] = {"model": name, "from": parent}
+    request: dict[str, Any] = {"model": name, "from": state.model}
     if state.system:
         request["system"] = state.system
     if state.options:
@@ -549,7 +539,9 @@ def run_repl(client: Client, state: ReplState, info: dict[str, Any]) -> None:
     while True:
         try:
             line = session.prompt(
-                assembler.prompt, placeholder=None if assembler.collecting else placeholder
+                # None would keep the last placeholder: clear it on continuation lines
+                assembler.prompt,
+                placeholder=FormattedText([]) if assembler.collecting else placeholder,
             )
         except LineInterrupted as exc:
             if not exc.had_text and not assembler.collecting:
