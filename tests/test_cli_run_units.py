@@ -533,8 +533,8 @@ def test_bench_configs() -> None:
     given_bounds = bench.configs_for({"kind": "ngram"}, [2, 8, 2])
     assert [c.label for c in given_bounds] == ["off", "≤2", "≤8"]
     assert [c.draft_num_predict for c in given_bounds] == [0, 2, 8]
-    with pytest.raises(BadRequest, match="no DRAFT"):
-        bench.configs_for(None, [])
+    with pytest.raises(BadRequest, match="model 'smol' has no DRAFT"):
+        bench.configs_for(None, [], "model 'smol'")
     with pytest.raises(BadRequest, match="between 1 and 64"):
         bench.configs_for({"kind": "ngram"}, [0])
 
@@ -601,8 +601,14 @@ def test_bench_table_and_json() -> None:
     text = console.file.getvalue()  # type: ignore[attr-defined]
     for expected in ("tok/s", "accept", "speed-up", "identical", "75.0%", "2.00x", "yes", "20.00"):
         assert expected in text
-    data = json.loads(json.dumps(bench.bench_json("m", ["p"], rows, runs)))
+    data = json.loads(
+        json.dumps(bench.bench_json("m", ["p"], configs, rows, runs, num_predict=10, repeat=1))
+    )
     assert data["rows"][1]["speedup"] == 2.0 and data["runs"][1]["draft_accepted_count"] == 6
+    assert data["configs"] == [
+        {"label": "off", "draft_num_predict": 0},
+        {"label": "≤4", "draft_num_predict": None},
+    ]
 
 
 def test_prompt_label() -> None:

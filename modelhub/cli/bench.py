@@ -73,12 +73,14 @@ class Row:
     identical: bool | None  # None for the baseline itself
 
 
-def configs_for(draft: dict[str, Any] | None, bounds: Sequence[int]) -> list[Config]:
+def configs_for(
+    draft: dict[str, Any] | None, bounds: Sequence[int], model: str = "this model"
+) -> list[Config]:
     """Off first, then each requested bound, or the model's own setting when none is given."""
     if not draft:
         raise BadRequest(
-            "this model has no DRAFT, so there is nothing to compare: create one with a DRAFT "
-            "line (a smaller model, mtp or ngram), see docs/modelfile.md"
+            f"{model} has no DRAFT, so there is nothing to compare: create a model with a "
+            "DRAFT line (a smaller model, mtp or ngram), see docs/modelfile.md"
         )
     for bound in bounds:
         if not 1 <= bound <= 64:
@@ -216,11 +218,23 @@ def bench_table(rows: Sequence[Row], title: str) -> Table:
 
 
 def bench_json(
-    model: str, prompts: Sequence[str], rows: Sequence[Row], runs: Sequence[Run]
+    model: str,
+    prompts: Sequence[str],
+    configs: Sequence[Config],
+    rows: Sequence[Row],
+    runs: Sequence[Run],
+    *,
+    num_predict: int,
+    repeat: int,
 ) -> dict[str, Any]:
+    """Everything measured: settings, configurations (``draft_num_predict`` null means the
+    model's own), the table's rows and every run."""
     return {
         "model": model,
+        "num_predict": num_predict,
+        "repeat": repeat,
         "prompts": list(prompts),
+        "configs": [asdict(c) for c in configs],
         "rows": [asdict(r) for r in rows],
         "runs": [asdict(r) for r in runs],
     }
@@ -293,7 +307,7 @@ def bench(
     """
     client = connect()
     draft = client.show(model).get("draft")
-    configs = configs_for(draft, bounds)
+    configs = configs_for(draft, bounds, f"model '{model}'")
     chosen = list(prompts) or list(DEFAULT_PROMPTS)
     errors = Console(stderr=True, highlight=False)
     if errors.is_terminal:
@@ -311,7 +325,10 @@ def bench(
         runs = run_bench(client, model, chosen, configs, num_predict=num_predict, repeat=repeat)
     rows = summarise(runs, chosen, configs)
     if as_json:
-        click.echo(json.dumps(bench_json(model, chosen, rows, runs), indent=2))
+        data = bench_json(
+            model, chosen, configs, rows, runs, num_predict=num_predict, repeat=repeat
+        )
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
         return
     kind = str((draft or {}).get("kind") or "draft")
     title = f"{model} ({kind}): {num_predict} tokens per prompt, {repeat} run(s), greedy"
