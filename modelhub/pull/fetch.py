@@ -131,5 +131,5 @@ def probe_size(client: HttpClient, url: str, credentials: dict[str, str]) -> int
                     f"{url}: {error_message(response.status_code, error_body(response))}"
                 )
     except httpx.TransportError as exc:
-        raise SourceUnavailable(f"{url}: {exc}") from exc
+        raise SourceUnavailable(f"{url}: {describe_error(exc)}") from exc
     return None

@@ -133,8 +133,9 @@ def _pull_entry(pull: _Pull, entry: CatalogEntry) -> ModelName:
         except _FATAL:
             raise
         except ModelhubError as exc:
-            failures.append(f"{source.description}: {exc}")
-            pull.status(f"warning: source {source.description} failed: {exc}")
+            reason = str(exc).removeprefix(f"{source.ref}: ")  # said once is enough
+            failures.append(f"{source.description}: {reason}")
+            pull.status(f"warning: source {source.description} failed: {reason}")
     raise SourceUnavailable(
         f"pull {entry.display}: no source could serve it: " + "; ".join(failures)
     )

@@ -25,7 +25,7 @@ import httpx
 from modelhub.errors import BadRequest
 from modelhub.pull.base import DownloadPolicy, SourceUnavailable
 from modelhub.pull.fetch import HttpBlobSource, probe_size
-from modelhub.pull.http import HttpClient
+from modelhub.pull.http import HttpClient, describe_error
 from modelhub.pull.single import FileToFetch, SingleFilePlan, partial_key
 from modelhub.pull.transfers import HttpJob, Job, StreamJob
 from modelhub.store import ModelName, Store, parse_digest
@@ -33,6 +33,7 @@ from modelhub.store.digests import CHUNK_SIZE
 
 GGUF_MAGIC = b"GGUF"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_HOST_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
 _SHA256_TAG = re.compile(r'^(?:W/)?"?(?:sha256:)?([0-9a-f]{64})"?$', re.IGNORECASE)
 
 
@@ -52,7 +53,7 @@ def url_model_name(url: str) -> ModelName:
     segments = [unquote(s) for s in parts.path.split("/") if s]
     stem = segments[-1][: -len(".gguf")] if segments else "model"
     folder = segments[-2] if len(segments) > 1 else "files"
-    host = _part(parts.netloc.rsplit("@", 1)[-1], "localhost")
+    host = _HOST_UNSAFE.sub("-", parts.netloc.rsplit("@", 1)[-1]).strip("-.") or "localhost"
     return ModelName.from_parts(
         host, _part(folder, "files").replace(".", "-")[:80], _part(stem, "model")[:80], "latest"
     )
@@ -98,14 +99,15 @@ def _published(client: HttpClient, url: str) -> tuple[str | None, int | None]:
     """Size and, when the server states it, the sha256 of the file at ``url``."""
     digest = None
     try:
-        with client.open(url, method="HEAD") as response:
+        # Not followed: Hugging Face states the digest on the redirect, not on the CDN.
+        with client.open(url, method="HEAD", follow=False) as response:
             for header in ("x-linked-etag", "etag"):
                 match = _SHA256_TAG.match(response.headers.get(header, "").strip())
                 if match:
                     digest = parse_digest("sha256:" + match.group(1).lower())
                     break
     except httpx.TransportError as exc:
-        raise SourceUnavailable(f"{url}: {exc}") from exc
+        raise SourceUnavailable(f"{url}: {describe_error(exc)}") from exc
     return digest, probe_size(client, url, {})
 
 
