@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from modelhub.errors import BadRequest, ModelhubError, NotFound
 from modelhub.inference import keep_alive_seconds, plan
 from modelhub.model_view import ModelView
+from modelhub.prompt import build_chat_prompt, build_generate_prompt
 from modelhub.server.generation import (
     final_stats,
     now_rfc3339,
@@ -208,8 +209,6 @@ def chat_prompt(
     tools: list[Any] | None = None,
 ) -> str:
     """Model MESSAGEs + request messages (+ the model's SYSTEM unless one is given), rendered."""
-    from modelhub.prompt import build_chat_prompt
-
     history = list(view.messages) + messages
     if view.system and (not messages or messages[0]["role"] != "system"):
         history = [{"role": "system", "content": view.system}, *history]
@@ -221,6 +220,7 @@ def chat_prompt(
         tools=tools or None,
         bos_token=bos,
         eos_token=eos,
+        tokenizer_adds_bos=_adds_bos(view),
     )
 
 
@@ -234,8 +234,6 @@ def generate_prompt(
     suffix: str = "",
     with_history: bool = True,
 ) -> str:
-    from modelhub.prompt import build_generate_prompt
-
     bos, eos = _special(state, view)
     go = template or view.template
     return build_generate_prompt(
@@ -247,6 +245,7 @@ def generate_prompt(
         suffix=suffix or None,
         bos_token=bos,
         eos_token=eos,
+        tokenizer_adds_bos=_adds_bos(view),
     )
 
 
@@ -422,3 +421,7 @@ async def ps(request: Request) -> Response:
             }
         models.append(entry)
     return JSONResponse({"models": models})
+
+
+def _adds_bos(view: ModelView) -> bool:
+    return not (view.info is not None and view.info.add_bos is False)
