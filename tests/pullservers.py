@@ -14,6 +14,7 @@ and the number of body bytes sent, so tests can assert what the client really di
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import html
 import json
@@ -261,7 +262,9 @@ class LoopbackServer:
         self.stopping = threading.Event()
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def port(self) -> int:
@@ -422,7 +425,7 @@ class RegistryServer(LoopbackServer):
                 request.hit.sent += 64 << 10
             return
         if fault == "gzip-bomb":
-            bomb = _gzip_bomb(64 << 20)
+            bomb = gzip_bomb()
             request.reply(200, bomb, {"Content-Encoding": "gzip", "Content-Type": MEDIA_MANIFEST})
             return
         if key not in self.manifests:
@@ -433,7 +436,8 @@ class RegistryServer(LoopbackServer):
         request.reply(200, self.manifests[key], {"Content-Type": MEDIA_MANIFEST})
 
 
-def _gzip_bomb(size: int) -> bytes:
+@functools.cache
+def gzip_bomb(size: int = 64 << 20) -> bytes:
     """gzip of ``size`` spaces, built without holding them in memory (~64 KB per 64 MB)."""
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip container
     block = b" " * (1 << 20)

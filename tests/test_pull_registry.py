@@ -16,6 +16,7 @@ from pullservers import (
     Recorder,
     RegistryServer,
     fast_policy,
+    gzip_bomb,
     sha256,
 )
 
@@ -203,6 +204,7 @@ def test_oversized_manifests_are_refused_with_bounded_memory(store, registry, fa
     import resource
 
     registry.manifest_faults["library/big:latest"] = fault
+    gzip_bomb()  # built before the request, so that the server answers at once
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(ModelhubError, match="manifest too large"):
         pull(store, f"{registry.host}/library/big")

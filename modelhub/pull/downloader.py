@@ -127,7 +127,6 @@ class RangedDownload:
         total: int,
         policy: DownloadPolicy,
         cancel: threading.Event,
-        on_progress: threading.Event | None = None,
     ) -> None:
         self.store, self.files, self.fd, self.source = store, files, fd, source
         self.expected, self.total, self.policy, self.cancel = expected, total, policy, cancel

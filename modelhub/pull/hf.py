@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import httpx
+
 from modelhub.errors import BadRequest, ModelhubError, NotFound
 from modelhub.pull.base import DownloadPolicy, SourceUnavailable
 from modelhub.pull.fetch import HttpBlobSource
-from modelhub.pull.http import HttpClient
+from modelhub.pull.http import HttpClient, describe_error
 from modelhub.pull.single import FileToFetch, SingleFilePlan, partial_key
 from modelhub.pull.transfers import HttpJob, Job
 from modelhub.store import ModelName, Store, parse_digest, parse_name
@@ -91,10 +93,10 @@ def list_repo(client: HttpClient, repo: str) -> tuple[str, list[RepoFile]]:
         response, body = client.get_bounded(
             url, LISTING_LIMIT, "repository listing", credentials=token_credentials()
         )
-    except ModelhubError:
-        raise
-    except Exception as exc:
-        raise SourceUnavailable(f"hf.co/{repo}: cannot list the repository: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise SourceUnavailable(
+            f"hf.co/{repo}: cannot list the repository: {describe_error(exc)}"
+        ) from exc
     if response.status_code in (401, 403, 404):
         hint = "" if token_credentials() else " (a private or gated repo needs HF_TOKEN)"
         raise NotFound(f"hf.co/{repo}: repository not found or not accessible{hint}")

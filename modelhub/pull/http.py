@@ -17,6 +17,8 @@ import ipaddress
 import json
 import platform
 import socket
+import threading
+import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +36,7 @@ USER_AGENT = (
     f"Python/{platform.python_version()}"
 )
 REDIRECT_CODES = (301, 302, 303, 307, 308)
+KIND_TTL = 60.0  # seconds an address check is reused for a host
 ERROR_BODY_LIMIT = 4096
 
 # Address kinds, from most to least exposed.
@@ -107,7 +110,7 @@ class HttpClient:
             # Only encodings read_limited can inflate in bounded steps.
             headers={"User-Agent": USER_AGENT, "Accept-Encoding": "gzip, deflate"},
         )
-        self._kinds: dict[str, str] = {}
+        self._kinds: dict[str, tuple[float, str]] = {}  # host -> (when, kind)
 
     def close(self) -> None:
         self._client.close()
@@ -122,9 +125,11 @@ class HttpClient:
 
     def kind_of(self, url: str) -> str:
         host = urlsplit(url).hostname or ""
-        if host not in self._kinds:
-            self._kinds[host] = address_kind(host)
-        return self._kinds[host]
+        cached = self._kinds.get(host)
+        if cached is None or time.monotonic() - cached[0] > KIND_TTL:
+            cached = (time.monotonic(), address_kind(host))
+            self._kinds[host] = cached
+        return cached[1]
 
     def check_start(self, url: str) -> str:
         """Check the first URL of a request chain; returns its address kind."""
@@ -271,3 +276,22 @@ def error_message(status: int, body: bytes) -> str:
             text = doc["error"]
     text = " ".join(text.split())[:300]
     return f"{status}: {text}" if text else f"HTTP {status}"
+
+
+_shared: dict[tuple[DownloadPolicy, bool], HttpClient] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_client(policy: DownloadPolicy, *, insecure: bool) -> HttpClient:
+    """A process-wide client per (policy, insecure), kept open.
+
+    A download started by one pull can outlive it (another pull may be waiting for the same
+    blob), so no single pull may close the client its transfers use. Sharing also keeps
+    connections to a registry alive from one pull to the next.
+    """
+    key = (policy, insecure)
+    with _shared_lock:
+        client = _shared.get(key)
+        if client is None:
+            client = _shared[key] = HttpClient(policy, insecure=insecure)
+        return client

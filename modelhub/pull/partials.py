@@ -28,6 +28,7 @@ from modelhub.store.blobs import PARTIAL_SUFFIX, fsync_dir, temp_name
 
 STATE_LIMIT = 4096  # a part's state is ~60 bytes; anything larger is not ours
 TEMP_DIR_PREFIX = ".pull-"  # per-pull scratch directories in the store root (pypi wheels)
+SCRATCH_LOCK = ".lock"  # held inside a scratch directory while a pull uses it
 _GROUP = re.compile(r"sha256-([0-9a-f]{64})" + re.escape(PARTIAL_SUFFIX) + r"(?:-([0-9]{1,6}))?")
 
 
@@ -156,7 +157,9 @@ def try_lock(path: Path, *, create: bool = True) -> int | None:
         try:
             fd = os.open(path, flags, 0o644)
         except FileNotFoundError:
-            return None if not create else _raise_missing(path)
+            if create:
+                raise
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -172,10 +175,6 @@ def try_lock(path: Path, *, create: bool = True) -> int | None:
         if not create:
             return None
     raise OSError(f"cannot lock {path}: it keeps being replaced")
-
-
-def _raise_missing(path: Path) -> int:
-    raise FileNotFoundError(f"cannot create {path}")
 
 
 @dataclass(frozen=True)
@@ -242,14 +241,12 @@ def prune_partials(store: Store, older_than: float) -> list[str]:
     return sorted(removed)
 
 
-def scratch_lock_name() -> str:
-    return ".lock"
-
-
 def _dir_locked(directory: str) -> bool:
-    fd = try_lock(Path(directory) / scratch_lock_name(), create=False)
+    """Whether a live pull holds the scratch directory's lock file."""
+    lock = Path(directory, SCRATCH_LOCK)
+    fd = try_lock(lock, create=False)
     if fd is None:
-        return Path(directory, scratch_lock_name()).exists()
+        return lock.exists()
     os.close(fd)
     return False
 

