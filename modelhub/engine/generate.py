@@ -481,7 +481,11 @@ class Engine:
                 reuse = 0
             del self._cached[reuse:]
         if isinstance(self.drafter, TargetObserver):
-            self.drafter.rollback(reuse)
+            resume = self.drafter.rollback(reuse)
+            if resume < reuse:  # it needs hidden states from earlier positions: replay them
+                self.ctx.truncate(resume)
+                del self._cached[resume:]
+                reuse = resume
         step = self.ctx.n_batch
         for start in range(reuse, len(prompt), step):
             if committer.cancelled():

@@ -42,8 +42,9 @@ class TargetObserver(Protocol):
     def observe_target(self, tokens: Sequence[int], start: int) -> None:
         """The target just decoded ``tokens`` at positions ``start..`` (its memory is current)."""
 
-    def rollback(self, keep: int) -> None:
-        """The target kept only positions ``< keep``."""
+    def rollback(self, keep: int) -> int:
+        """The target kept only positions ``< keep``. Returns the position from which the
+        target must decode again for the observer to follow (``keep`` when it can already)."""
 
 
 @runtime_checkable
@@ -115,7 +116,7 @@ def ngram_drafter(model_path: Path) -> Drafter:
     if not isinstance(pool, NgramPool):
         pool = NgramPool()
         _ngram_pools[key] = pool
-    drafter: Drafter = NgramDrafter(pool)
+    drafter: Drafter = NgramDrafter(pool.n_match, pool=pool)
     return drafter
 
 

@@ -1,0 +1,279 @@
+"""Drafting with the target's own MTP (NextN) heads, through ``llama_cpp.llama_cpp_ext``.
+
+A second context on the *same* model (``LLAMA_CONTEXT_TYPE_MTP``) runs only the NextN block(s).
+Its cache mirrors the target's: the row at position p holds (token x_p, target hidden state
+h_{p-1}), so after every target decode the drafter "catches up" by decoding the batch's tokens
+paired with the previous rows' hidden states (:meth:`observe_target`). To draft from the pending
+token x at position P it decodes (x, h_{P-1}), takes the head's best token, and feeds that token
+with the hidden state the head returned, one position further, and so on; the draft rows are
+removed afterwards, because verification re-adds those positions with the target's real hidden
+states. With several heads (``nextn_predict_layers`` > 1) head i drafts token i+1 and every
+draft step re-decodes the chain under that head (K is then capped at the number of heads).
+
+The staging API is feature-detected: a build without it gets a clear error, never a crash.
+Creating an MTP context on a model loaded without its NextN tensors aborts the process inside
+llama.cpp, so the model and the file are checked first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from types import ModuleType
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from modelhub.engine.llama import LlamaContext, LlamaModel
+from modelhub.engine.speculative.base import ProbabilityFn, Proposal
+from modelhub.engine.speculative.verify import draw
+from modelhub.errors import DraftError
+
+log = logging.getLogger("modelhub.engine")
+
+_NEEDED = (
+    "llama_set_embeddings_nextn",
+    "llama_get_embeddings_nextn",
+    "llama_get_embeddings_nextn_ith",
+    "llama_set_nextn_layer_offset",
+)
+
+
+def nextn_api() -> ModuleType:
+    """The ``llama_cpp_ext`` module, or a DraftError saying what this build lacks."""
+    try:
+        from llama_cpp import llama_cpp_ext
+    except (ImportError, AttributeError) as exc:
+        raise DraftError(
+            "this llama-cpp-python build does not expose the NextN (MTP) functions "
+            f"({exc}); use llama-cpp-python >= 0.3.36, DRAFT ngram, or a draft model"
+        ) from exc
+    missing = [name for name in _NEEDED if not hasattr(llama_cpp_ext, name)]
+    if missing or not hasattr(llama_cpp, "LLAMA_CONTEXT_TYPE_MTP"):
+        raise DraftError(
+            "this llama-cpp-python build lacks "
+            + ", ".join(missing or ["MTP contexts"])
+            + ": MTP drafting is unavailable; use DRAFT ngram or a draft model"
+        )
+    return llama_cpp_ext
+
+
+def _check_target(target: LlamaModel) -> None:
+    from modelhub.draft_pairing import check_mtp_target
+    from modelhub.gguf_info import read_gguf_info
+
+    check_mtp_target(read_gguf_info(target.path))
+    if not target.load_mtp:
+        raise DraftError("the target was loaded without its MTP tensors (load_mtp is off)")
+    if target.n_layer_nextn <= 0:
+        raise DraftError(f"{target.path.name}: llama.cpp loaded no NextN layers")
+
+
+class MtpDrafter:
+    kind = "mtp"
+
+    def __init__(
+        self,
+        target: LlamaModel,
+        target_ctx: LlamaContext,
+        *,
+        n_threads: int,
+        p_min: float = 0.0,
+        max_draft: int = 4,
+    ) -> None:
+        self._ext = nextn_api()
+        _check_target(target)
+        width = int(llama_cpp.llama_model_n_embd_out(target.handle)) or target.n_embd
+        if width != target.n_embd:
+            raise DraftError(
+                f"MTP head output width {width} differs from the target's hidden size "
+                f"{target.n_embd}"
+            )
+        self.n_embd = width
+        self.n_heads = target.n_layer_nextn
+        self.p_min = p_min
+        self.rng = np.random.default_rng()
+        self._target_ctx = target_ctx
+        self.ctx = LlamaContext(
+            target,
+            n_ctx=target_ctx.n_ctx,
+            n_batch=target_ctx.n_batch,
+            n_threads=n_threads,
+            ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP,
+            ctx_other=target_ctx,
+            n_outputs_max=1,
+        )
+        self._ext.llama_set_embeddings_nextn(target_ctx.handle, True, False)
+        self._ext.llama_set_embeddings_nextn(self.ctx.handle, True, True)
+        self.n_batch = target_ctx.n_batch
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, self.n_embd, 1)
+        self._tokens_buf = (llama_cpp.llama_token * self.n_batch)()
+        self._batch.token = self._tokens_buf
+        self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._len = 0  # positions in the MTP cache (mirrors the target's cache)
+        self._rows_start = 0  # target hidden states of the last target batch, by position
+        self._rows = np.zeros((0, self.n_embd), dtype=np.float32)
+        self._pending: tuple[int, npt.NDArray[np.float32]] | None = None  # (position, h)
+        self._last_n = 0
+        if self.n_heads > 1:
+            log.info(
+                "MTP: %d chained heads; drafts per round capped at %d", self.n_heads, self.n_heads
+            )
+        del max_draft  # the engine bounds K; chained heads cap it in propose()
+
+    # ---- keeping the MTP cache in step with the target ----------------------------------------
+    def _hidden_before(self, pos: int) -> npt.NDArray[np.float32] | None:
+        """h_{pos-1}: the target's hidden state at the position before ``pos``."""
+        want = pos - 1
+        if want < 0:
+            return np.zeros(self.n_embd, dtype=np.float32)
+        if self._rows_start <= want < self._rows_start + len(self._rows):
+            row: npt.NDArray[np.float32] = self._rows[want - self._rows_start]
+            return row
+        if self._pending is not None and self._pending[0] == want:
+            return self._pending[1]
+        return None
+
+    def observe_target(self, tokens: Sequence[int], start: int) -> None:
+        """The target decoded ``tokens`` at ``start..``: add their MTP rows (token x_p with the
+        hidden state of the row before) for every position the MTP cache does not hold yet."""
+        ptr = self._ext.llama_get_embeddings_nextn(self._target_ctx.handle)
+        if not ptr:
+            raise DraftError("the target produced no NextN hidden states for MTP")
+        rows = np.ctypeslib.as_array(ptr, shape=(len(tokens), self.n_embd)).copy()
+        items: list[tuple[int, int, npt.NDArray[np.float32]]] = []
+        if start <= self._len:  # otherwise there is a gap this batch cannot fill
+            for pos in range(self._len, start + len(tokens)):
+                index = pos - start
+                h = rows[index - 1] if index > 0 else self._hidden_before(pos)
+                if h is None:
+                    items = []
+                    break
+                items.append((tokens[index], pos, h))
+        self._rows_start, self._rows = start, rows
+        if items:
+            self._decode_heads(items)
+
+    def rollback(self, keep: int) -> int:
+        """The target kept positions < ``keep``. Returns where the target must decode again
+        from for this cache to follow it: ``keep`` normally; earlier when the hidden state
+        before ``keep`` is not known (a prompt-cache hit on an older request)."""
+        if self._len > keep:
+            self._truncate(keep)
+        h = self._hidden_before(self._len)
+        if self._len == keep and h is not None:
+            self._pending = (keep - 1, h.copy())
+            return keep
+        return max(0, self._len - 1)
+
+    # ---- the Drafter interface ---------------------------------------------------------------
+    def reseed(self, seed: int | None) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def begin(self, tokens: Sequence[int]) -> None:
+        """Nothing to do: the cache follows the target's decodes (``observe_target``)."""
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Nothing to do: the engine reports the kept length through ``rollback``."""
+
+    def propose(
+        self, tokens: Sequence[int], max_tokens: int, probs: ProbabilityFn | None = None
+    ) -> Proposal:
+        pos = len(tokens) - 1
+        h = self._hidden_before(pos)
+        if self._len != pos or h is None or max_tokens <= 0:
+            return Proposal([])
+        if self.n_heads > 1:
+            max_tokens = min(max_tokens, self.n_heads)
+        chain: list[tuple[int, int, npt.NDArray[np.float32]]] = [(tokens[-1], pos, h)]
+        drafts: list[int] = []
+        dists: list[npt.NDArray[np.float32]] = []
+        history = list(tokens)
+        try:
+            for step in range(max_tokens):
+                if self.n_heads > 1:
+                    self._truncate(pos)
+                    self._decode([*chain], head=step, logits_last=True)
+                else:
+                    self._decode([chain[-1]], head=0, logits_last=True)
+                row = self.ctx.last_logits()
+                if probs is None:
+                    token = int(np.argmax(row))
+                    if self.p_min > 0.0 and _top_probability(row) < self.p_min:
+                        break
+                else:
+                    q = probs(row, history)
+                    if self.p_min > 0.0 and float(q.max()) < self.p_min:
+                        break
+                    token = draw(q, self.rng)
+                    dists.append(q)
+                drafts.append(token)
+                history.append(token)
+                out = self._ext.llama_get_embeddings_nextn_ith(self.ctx.handle, self._last_n - 1)
+                if not out:
+                    break
+                h_next = np.ctypeslib.as_array(out, shape=(self.n_embd,)).copy()
+                chain.append((token, pos + len(drafts), h_next))
+        finally:
+            self._truncate(pos)  # verification re-adds these positions with real states
+        return Proposal(drafts, np.stack(dists) if dists else None)
+
+    # ---- native batches ------------------------------------------------------------------------
+    def _decode_heads(self, items: list[tuple[int, int, npt.NDArray[np.float32]]]) -> None:
+        """Catch-up rows, once per head (each head keeps its own layer's cache rows)."""
+        for offset in range(0, len(items), self.n_batch):
+            chunk = items[offset : offset + self.n_batch]
+            for head in range(self.n_heads):
+                if self.n_heads > 1:
+                    self._truncate_native(chunk[0][1])
+                self._decode(chunk, head=head, logits_last=False)
+
+    def _decode(
+        self, items: list[tuple[int, int, npt.NDArray[np.float32]]], head: int, logits_last: bool
+    ) -> None:
+        n = len(items)
+        for i, (token, pos, h) in enumerate(items):
+            self._tokens_buf[i] = token
+            self._batch.pos[i] = pos
+            self._batch.logits[i] = 1 if (logits_last and i == n - 1) else 0
+            self._embd[i] = h
+        self._batch.n_tokens = n
+        self._last_n = n
+        if self.n_heads > 1:
+            self._ext.llama_set_nextn_layer_offset(self.ctx.handle, head)
+        try:
+            rc = llama_cpp.llama_decode(self.ctx.handle, self._batch)
+        finally:
+            if self.n_heads > 1:
+                self._ext.llama_set_nextn_layer_offset(self.ctx.handle, 0)
+        if rc != 0:
+            self._truncate(items[0][1])
+            raise DraftError(f"MTP decode failed (code {rc}) at position {items[0][1]}")
+        self._len = max(self._len, items[-1][1] + 1)
+
+    def _truncate_native(self, keep: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.ctx.memory, 0, keep, -1)
+
+    def _truncate(self, keep: int) -> None:
+        if self._len > keep:
+            self._truncate_native(keep)
+            self._len = keep
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self._ext.llama_set_embeddings_nextn(self._target_ctx.handle, False, False)
+            # The token array is ours: detach it so llama_batch_free does not free it.
+            self._batch.token = ctypes.POINTER(llama_cpp.llama_token)()
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+            self.ctx.close()
+
+
+def _top_probability(row: npt.NDArray[np.float32]) -> float:
+    shifted = row.astype(np.float64) - float(np.max(row))
+    return float(1.0 / np.exp(shifted).sum())
