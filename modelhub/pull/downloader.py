@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
 import httpx
@@ -42,6 +43,7 @@ from modelhub.store.blobs import fsync_dir
 
 WRITE_SIZE = 1 << 20  # received bytes are written in runs of up to 1 MiB
 HASH_SIZE = 4 << 20
+SUPERVISE_POLL = 0.1  # seconds between checks for cancellation and failed parts
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -216,19 +218,19 @@ class RangedDownload:
         return hasher.digest
 
     def _supervise(self, futures: list[Future[None]]) -> None:
-        saved = -1
+        saved, saved_at = -1, time.monotonic()
         try:
             while True:
-                done, running = wait(
-                    futures, timeout=self.policy.state_interval, return_when=FIRST_EXCEPTION
-                )
+                # Short waits: a cancel must close the connections within a fraction of a second.
+                done, running = wait(futures, timeout=SUPERVISE_POLL, return_when=FIRST_EXCEPTION)
                 for future in done:
                     future.result()  # re-raise a part's failure here
                 if not running:
                     return
                 check_cancel(self.cancel)
-                if self.completed != saved:
-                    saved = self.completed
+                now = time.monotonic()
+                if self.completed != saved and now - saved_at >= self.policy.state_interval:
+                    saved, saved_at = self.completed, now
                     self._save()
         except BaseException:
             self._stop_parts()
