@@ -28,7 +28,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from modelhub.cli import bench, pull, repl, run, runtime
-from modelhub.client import Client
+from modelhub.client import Client, ResponseError
 from modelhub.errors import BadRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -715,6 +715,39 @@ def test_closing_a_stream_hangs_up_on_the_server(slow_server: str) -> None:
         assert next(events)["response"] == "tok "
         run.close_stream(events)
         assert _Slow.hung_up.wait(5), "the server kept streaming to a closed stream"
+
+
+class _Failing(BaseHTTPRequestHandler):
+    """Two tokens, then an error line, as the daemon ends a stream that failed mid-way."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.end_headers()
+        for line in ({"response": "half", "done": False}, {"error": "runner crashed"}):
+            self.wfile.write(json.dumps(line).encode() + b"\n")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_one_shot_error_mid_stream_ends_the_line_then_raises() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with Client(f"127.0.0.1:{server.server_address[1]}") as client:
+            body = run.generate_body("m", "p", fmt=None, keep_alive=None)
+            with pytest.raises(ResponseError, match="runner crashed"):
+                run.one_shot(
+                    client, body, verbose=True, wordwrap=False, show_draft=False, out=out, err=err
+                )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.getvalue() == "half\n"
+    assert err.getvalue() == ""
 
 
 def test_one_shot_ctrl_c_exits_130_and_hangs_up(slow_server: str) -> None:

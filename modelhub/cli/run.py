@@ -21,7 +21,7 @@ from modelhub.cli.models import connect
 from modelhub.cli.pull import pull_model
 from modelhub.client import Client, ResponseError
 from modelhub.config import parse_duration
-from modelhub.errors import BadRequest
+from modelhub.errors import BadRequest, ModelhubError
 
 # Tokens that came from an accepted draft, when --show-draft colours them (cyan).
 DRAFT_COLOUR = "\x1b[36m"
@@ -348,6 +348,9 @@ def one_shot(
         close_stream(events)
         writer.finish()
         sys.exit(130)
+    except ModelhubError:
+        writer.finish()  # the error line starts on a line of its own
+        raise
     if verbose and final:
         print_stats(final, err)
 
