@@ -19,6 +19,7 @@ KEYWORDS = frozenset(
     {"if", "else", "end", "range", "with", "define", "template", "block", "break", "continue"}
 )
 _SPACE = " \t\r\n"
+_SPACES = re.compile(r"[ \t\r\n]+")
 _IDENT = re.compile(r"[^\W\d]\w*")
 _NUMBER = re.compile(
     r"[+-]?(?:0[xX][0-9a-fA-F_]*(?:\.[0-9a-fA-F_]*)?(?:[pP][+-]?[0-9_]+)?"
@@ -102,18 +103,20 @@ class _Lexer:
         self.tokens.append(Token("open", None, start))
         space = False
         while True:
+            blank = _SPACES.match(text, self.pos)
+            if blank:
+                self.pos = blank.end()
+                space = True
+                if text.startswith("-}}", self.pos):  # " -}}": close and trim what follows
+                    self.tokens.append(Token("close", None, self.pos - 1))
+                    self.pos += 3
+                    return True
             if self.pos >= len(text):
                 self.fail(start, "unclosed action")
-            trim = self.at_right_trim()
-            if trim or text.startswith("}}", self.pos):
+            if text.startswith("}}", self.pos):
                 self.tokens.append(Token("close", None, self.pos))
-                self.pos += 4 if trim else 2
-                return trim
-            ch = text[self.pos]
-            if ch in _SPACE:
-                self.pos += 1
-                space = True
-                continue
+                self.pos += 2
+                return False
             self.tokens.append(self.token(start, space))
             space = False
 

@@ -28,6 +28,7 @@ from modelhub.templates.go_ast import (
 )
 from modelhub.templates.go_lexer import Positions, Token, lex, template_error
 
+_PARENS = "parenthesized pipeline"
 MAX_NESTING = 100  # control structures and parentheses; keeps recursion far from Python's limit
 
 
@@ -138,10 +139,13 @@ class _Parser:
     # -- pipelines ------------------------------------------------------------------------
 
     def parse_pipeline(self, context: str, offset: int, allow_decl: bool, multi: bool) -> Pipeline:
+        start = self.peek().offset
         decl, assign = self.parse_declaration(allow_decl, multi)
         cmds: list[Command] = []
         while True:
             tok = self.peek()
+            if tok.kind == ")" and context != _PARENS:
+                self.fail(tok.offset, "unexpected ')' in operand")
             if tok.kind in ("close", ")"):
                 break
             cmds.append(self.parse_command())
@@ -160,7 +164,7 @@ class _Parser:
         for cmd in cmds:
             if len(cmd.args) > 1 and not isinstance(cmd.args[0], Function):
                 self.fail(cmd.args[1].offset, "can't give argument to non-function")
-        return Pipeline(decl, assign, tuple(cmds), offset)
+        return Pipeline(decl, assign, tuple(cmds), start)
 
     def parse_declaration(self, allow: bool, multi: bool) -> tuple[tuple[str, ...], bool]:
         t0 = self.peek()
@@ -217,7 +221,7 @@ class _Parser:
             term = Function(tok.value, tok.offset)
         elif kind == "(":
             self.nest(tok.offset)
-            inner = self.parse_pipeline("parenthesized pipeline", tok.offset, False, False)
+            inner = self.parse_pipeline(_PARENS, tok.offset, False, False)
             close = self.next()
             if close.kind != ")":
                 self.fail(tok.offset, "unclosed left paren")

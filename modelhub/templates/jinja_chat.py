@@ -6,14 +6,12 @@ body, ``raise_exception(msg)``, ``strftime_now(fmt)`` and a ``tojson`` that keep
 does not sort or HTML-escape. It is Jinja's ``ImmutableSandboxedEnvironment``: no access to
 private or internal attributes, no mutation of the lists and dicts a template receives.
 
-A chat template comes from a model file, so it is not trusted to terminate quickly. Bounds:
-
-- time: every loop iteration, attribute/item lookup, operator and call ticks a counter, and
-  every 256 ticks the wall clock is compared with the deadline (every ``for`` loop's iterable is
-  wrapped at compile time, so even a loop with an empty body is bounded);
-- size: output is collected chunk by chunk and capped; ``*``, ``+`` and ``%`` on strings and
-  lists, and every call and filter, have their results checked; integers larger than the cap
-  (``center(10**9)``, ``"{:>999999999}"``) and huge ``**`` are refused before they run.
+A chat template comes from a model file, so it is not trusted to terminate quickly or to stay
+small: every render runs within a time and size budget (see ``jinja_bounds``). Two rewrites of the
+parsed template make that possible: each ``for`` loop's iterable is wrapped so every iteration
+ticks the clock (even a loop with an empty body is bounded), and ``~`` becomes a size-checked
+concatenation. Operators, lookups and calls go through sandbox hooks that tick and check sizes,
+filters are wrapped likewise, and ``finalize`` checks every printed value.
 
 Errors become ``BadRequest("chat template error: ...")``. Compiled templates are cached by text.
 """
@@ -23,11 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import re
-import time
-from collections.abc import Callable, Iterable, Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -37,110 +31,20 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
 
 from modelhub.errors import BadRequest
+from modelhub.templates import jinja_bounds as bounds
 
 MAX_OUTPUT = 8 * 1024 * 1024  # characters
 TIMEOUT_S = 3.0
-_MAX_POWER_BITS = 1 << 16
-_TICKS_PER_CLOCK_CHECK = 256
 _WATCH_FILTER = "_modelhub_watch_loop"
-_DIGITS = re.compile(r"\d+")
+_CONCAT_FILTER = "_modelhub_concat"
 _TEMPLATE_FILENAME = "<chat_template>"
-
-
-class TemplateLimitExceeded(Exception):
-    """Raised inside rendering when a bound is hit; reported as a BadRequest."""
 
 
 class TemplateRaised(Exception):
     """``raise_exception(msg)`` called by the template itself."""
-
-
-@dataclass
-class _Budget:
-    deadline: float
-    timeout_s: float
-    max_output: int
-    ticks: int = 0
-
-
-_budget: ContextVar[_Budget | None] = ContextVar("modelhub_chat_template_budget", default=None)
-
-
-def _tick() -> None:
-    budget = _budget.get()
-    if budget is None:
-        return
-    budget.ticks += 1
-    if budget.ticks % _TICKS_PER_CLOCK_CHECK == 0 and time.monotonic() > budget.deadline:
-        raise TemplateLimitExceeded(f"rendering took longer than {budget.timeout_s:g} s")
-
-
-def _check_result(value: Any) -> Any:
-    budget = _budget.get()
-    if (
-        budget is not None
-        and isinstance(value, str | list | tuple)
-        and len(value) > budget.max_output
-    ):
-        raise TemplateLimitExceeded(f"a value exceeds {budget.max_output} characters")
-    return value
-
-
-def _check_args(args: Iterable[Any]) -> None:
-    budget = _budget.get()
-    if budget is None:
-        return
-    for arg in args:
-        if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > budget.max_output:
-            raise TemplateLimitExceeded(f"argument {arg} exceeds the output limit")
-
-
-def _check_format_string(text: Any) -> None:
-    """Refuse format strings whose widths alone would exceed the output cap."""
-    budget = _budget.get()
-    if budget is None or not isinstance(text, str):
-        return
-    for digits in _DIGITS.findall(text):
-        if len(digits) > 12 or int(digits) > budget.max_output:
-            raise TemplateLimitExceeded(f"format width {digits[:20]} exceeds the output limit")
-
-
-def _check_binop(operator: str, left: Any, right: Any) -> None:
-    budget = _budget.get()
-    if budget is None:
-        return
-    if operator == "*":
-        for seq, count in ((left, right), (right, left)):
-            sized = isinstance(seq, str | list | tuple) and isinstance(count, int)
-            if sized and len(seq) * count > budget.max_output:
-                raise TemplateLimitExceeded(f"repetition exceeds {budget.max_output} items")
-    elif operator == "**" and isinstance(left, int) and isinstance(right, int):
-        if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > _MAX_POWER_BITS:
-            raise TemplateLimitExceeded("power is too large")
-    elif operator == "%":
-        _check_format_string(left)
-
-
-def _watch_loop(iterable: Any) -> Iterator[Any]:
-    """Wrapped around every ``for`` loop's iterable so each iteration ticks."""
-    for item in iterable:
-        _tick()
-        yield item
-
-
-def _bounded(func: Callable[..., Any], name: str) -> Callable[..., Any]:
-    @functools.wraps(func)
-    def bounded(*args: Any, **kwargs: Any) -> Any:
-        _tick()
-        _check_args(args)
-        _check_args(kwargs.values())
-        if name == "format" and args:
-            _check_format_string(args[0])
-        return _check_result(func(*args, **kwargs))
-
-    return bounded
 
 
 class _ChatSandbox(ImmutableSandboxedEnvironment):
@@ -149,25 +53,52 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        _tick()
-        _check_binop(operator, left, right)
-        return _check_result(super().call_binop(context, operator, left, right))
+        bounds.tick()
+        bounds.check_binop(operator, left, right)
+        result = super().call_binop(context, operator, left, right)
+        return bounds.check_value(result) if isinstance(result, str) else result
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        _tick()
-        if attribute in ("format", "format_map"):
-            _check_format_string(obj)
-        return super().getattr(obj, attribute)
+        bounds.tick()
+        value = super().getattr(obj, attribute)
+        if attribute in ("format", "format_map") and isinstance(obj, str) and callable(value):
+            return _bounded_format(obj, value)
+        return value
 
     def getitem(self, obj: Any, argument: Any) -> Any:
-        _tick()
+        bounds.tick()
         return super().getitem(obj, argument)
 
     def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        _tick()
-        _check_args(args)
-        _check_args(kwargs.values())
-        return _check_result(super().call(context, obj, *args, **kwargs))
+        bounds.tick()
+        bounds.check_call(obj, args, kwargs)
+        result = super().call(context, obj, *args, **kwargs)
+        return bounds.check_value(result) if isinstance(result, str) else result
+
+
+def _bounded_format(fmt: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    def bounded_format(*args: Any, **kwargs: Any) -> Any:
+        values = [*args, *kwargs.values()]
+        if args and isinstance(args[0], Mapping):  # format_map
+            values += list(args[0].values())
+        bounds.check_format(fmt, values)
+        return method(*args, **kwargs)
+
+    return bounded_format
+
+
+class _Bounder(NodeTransformer):
+    """Rewrites a parsed template so loops tick and ``~`` is size-checked."""
+
+    def visit_For(self, node: nodes.For) -> nodes.Node:
+        self.generic_visit(node)
+        node.iter = nodes.Filter(node.iter, _WATCH_FILTER, [], [], None, None, lineno=node.lineno)
+        return node
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+        self.generic_visit(node)
+        items = nodes.List(node.nodes, lineno=node.lineno)
+        return nodes.Filter(items, _CONCAT_FILTER, [], [], None, None, lineno=node.lineno)
 
 
 class _GenerationBlock(Extension):
@@ -185,7 +116,7 @@ def _raise_exception(message: Any) -> None:
 
 
 def _strftime_now(fmt: str) -> str:
-    _check_format_string(fmt)
+    bounds.check_format(fmt, [])
     return dt.datetime.now().strftime(fmt)
 
 
@@ -206,14 +137,15 @@ def _make_environment() -> _ChatSandbox:
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[loopcontrols, _GenerationBlock],
-        # No constant folding: it would run filters and operators at compile time, outside
-        # the bounds (``'a'|center(10**9)`` would be built while compiling).
+        finalize=bounds.finalize,
+        # No constant folding: it would run filters and operators at compile time.
         optimized=False,
     )
     env.filters["tojson"] = _tojson
     for name, func in list(env.filters.items()):
-        env.filters[name] = _bounded(func, name)
-    env.filters[_WATCH_FILTER] = _watch_loop
+        env.filters[name] = bounds.bounded_filter(func, name)
+    env.filters[_WATCH_FILTER] = bounds.watch_loop
+    env.filters[_CONCAT_FILTER] = bounds.concat
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -227,17 +159,15 @@ def compile_chat_template(text: str) -> Any:
     """Compile (and cache) a chat template; raises BadRequest on syntax errors."""
     # Jinja still folds constant output (``{{ 'a'|center(10**9) }}``) while generating code; a
     # budget makes our checks refuse that, and Jinja then leaves it to run time.
-    token = _budget.set(_Budget(time.monotonic() + TIMEOUT_S, TIMEOUT_S, MAX_OUTPUT))
+    token = bounds.current.set(bounds.start(TIMEOUT_S, MAX_OUTPUT))
     try:
-        tree = _ENV.parse(text)
-        for loop in tree.find_all(nodes.For):
-            loop.iter = nodes.Filter(loop.iter, _WATCH_FILTER, [], [], None, None)
+        tree = _Bounder().visit(_ENV.parse(text))
         code = _ENV.compile(tree, filename=_TEMPLATE_FILENAME)
         return _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
     except TemplateSyntaxError as e:
         raise BadRequest(f"chat template error: {e.message} at line {e.lineno}") from None
     finally:
-        _budget.reset(token)
+        bounds.current.reset(token)
 
 
 def _template_line(tb: TracebackType | None) -> int | None:
@@ -252,7 +182,7 @@ def _template_line(tb: TracebackType | None) -> int | None:
 def _render_error(e: BaseException) -> BadRequest:
     line = _template_line(e.__traceback__)
     where = f" at line {line}" if line is not None else ""
-    if isinstance(e, TemplateRaised | TemplateLimitExceeded):
+    if isinstance(e, TemplateRaised | bounds.TemplateLimitExceeded):
         what = str(e)
     elif isinstance(e, SecurityError):
         what = f"blocked by the sandbox: {e}"
@@ -285,21 +215,20 @@ def render_chat_template(
         bos_token=bos_token,
         eos_token=eos_token,
     )
-    budget = _Budget(time.monotonic() + timeout_s, timeout_s, max_output)
-    token = _budget.set(budget)
+    token = bounds.current.set(bounds.start(timeout_s, max_output))
     chunks: list[str] = []
     size = 0
     try:
         for chunk in compiled.generate(context):
             size += len(chunk)
             if size > max_output:
-                raise TemplateLimitExceeded(f"output exceeds {max_output} characters")
+                raise bounds.TemplateLimitExceeded(f"output exceeds {max_output} characters")
             chunks.append(chunk)
-            _tick()
+            bounds.tick()
     except BadRequest:
         raise
     except Exception as e:  # anything a model-supplied template does wrong is a request error
         raise _render_error(e) from None
     finally:
-        _budget.reset(token)
+        bounds.current.reset(token)
     return "".join(chunks)
