@@ -59,7 +59,9 @@ class PullDisplay:
             self._progress.stop()
 
     def _line(self, text: str) -> None:
-        self.console.print(Text(text))
+        # A failed source before the one that served is worth noticing.
+        style = "bold yellow" if text.lower().startswith("warning") else ""
+        self.console.print(Text(text, style=style))
         self._last_line = text
 
     def item(self, item: Mapping[str, Any]) -> None:

@@ -355,7 +355,14 @@ def one_shot(
         print_stats(final, err)
 
 
-@click.command("run")
+RUN_ENVIRONMENT = """\b
+Environment:
+  MODELHUB_HOST        Address of the daemon (default 127.0.0.1:11435)
+  MODELHUB_NOHISTORY   Do not keep a history file for the interactive chat
+  NO_COLOR             No colours (--show-draft has no effect)"""
+
+
+@click.command("run", epilog=RUN_ENVIRONMENT)
 @click.argument("model")
 @click.argument("prompt", nargs=-1)
 @click.option("--verbose", is_flag=True, help="Show timings and draft acceptance after answers.")
@@ -368,7 +375,7 @@ def one_shot(
 @click.option(
     "--keepalive",
     metavar="DURATION",
-    help="How long the model stays loaded afterwards (e.g. 5m, 1h, -1 for ever).",
+    help="How long the model stays loaded afterwards (5m, 1h; -1 keeps it loaded).",
 )
 @click.option("--nowordwrap", is_flag=True, help="Do not wrap long lines at word boundaries.")
 @click.option("--show-draft", is_flag=True, help="Colour tokens that came from accepted drafts.")
