@@ -164,6 +164,14 @@ def test_string_methods_templates_use_are_allowed() -> None:
     assert render(template) == "HI x ['a', 'b'] user"
 
 
+def test_undefined_values_work_with_filters_as_in_hf() -> None:
+    template = (
+        "{{ nope|default('d') }} {{ (nope or 'x')|upper }} {{ messages[0].missing|default('m') }} "
+        "{{ nope|string|length }} {{ messages[0].tool_calls is defined }}"
+    )
+    assert render(template) == "d X m 0 False"
+
+
 def test_compiled_templates_are_cached_by_text() -> None:
     text = "{{ messages|length }} cached"
     assert compile_chat_template(text) is compile_chat_template(text)

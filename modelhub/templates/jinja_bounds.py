@@ -18,6 +18,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2.nodes import EvalContext
+from jinja2.runtime import Context
+
 _TICKS_PER_CLOCK_CHECK = 256
 _MAX_POWER_BITS = 1 << 16
 _DIGITS = re.compile(r"\d+")
@@ -192,10 +195,10 @@ def check_call(obj: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> No
 def _filter_bound(
     name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], cap: int
 ) -> int | None:
-    values = [a for a in args if not hasattr(a, "environment")]  # skip the eval context
-    first = values[0] if values else None
     if name not in _TEXT_FILTERS and name not in ("join", "replace", "indent", "tojson", "pprint"):
         return None
+    values = [a for a in args if not isinstance(a, EvalContext | Context)]
+    first = values[0] if values else None
     size = sum(approx_len(v, cap) for v in values) + sum(
         approx_len(v, cap) for v in kwargs.values()
     )
