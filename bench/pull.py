@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,9 +53,8 @@ class _RssSampler(threading.Thread):
 def _measure(action: str, args: argparse.Namespace) -> dict[str, float]:
     """Run one transfer in this (child) process and report time and memory."""
     import httpx
-    from pullservers import fast_policy
 
-    from modelhub.pull import pull_model
+    from modelhub.pull import DownloadPolicy, pull_model
     from modelhub.store import Store
 
     before = _rss_mb()
@@ -75,18 +75,9 @@ def _measure(action: str, args: argparse.Namespace) -> dict[str, float]:
         target.unlink()
     else:
         store = Store(work / "store")
-        policy = fast_policy(
-            part_min=100 * 1000 * 1000,
-            part_max=1000 * 1000 * 1000,
-            parallel=args.parallel,
-            stall_timeout=30.0,
-            progress_interval=0.06,
-            state_interval=1.0,
-        )
+        policy = DownloadPolicy(parallel=args.parallel)  # the defaults but --parallel
         pull_model(store, args.name, insecure=True, progress=lambda item: None, policy=policy)
         size = sum(f.stat().st_size for f in store.blobs_dir.iterdir())
-        import shutil
-
         shutil.rmtree(work / "store")
     elapsed = time.perf_counter() - started
     sampler.stop.set()
