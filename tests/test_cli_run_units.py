@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -770,7 +771,7 @@ def test_one_shot_ctrl_c_exits_130_and_hangs_up(slow_server: str) -> None:
     )
     assert proc.stdout is not None
     assert proc.stdout.read(4) == b"tok "  # the answer is streaming
-    proc.send_signal(subprocess.signal.SIGINT)  # type: ignore[attr-defined]
+    proc.send_signal(signal.SIGINT)
     assert proc.wait(10) == 130
     assert _Slow.hung_up.wait(5)
     assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
