@@ -291,3 +291,47 @@ def test_unreachable_registry_fails_fast(store):
     with pytest.raises(SourceUnavailable, match="cannot connect"):
         pull(store, f"127.0.0.1:{port}/library/m")
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("host", "kind"),
+    [
+        ("8.8.8.8", "public"),
+        ("2606:4700:4700::1111", "public"),
+        ("127.0.0.1", "local"),
+        ("[::1]", "local"),
+        ("localhost", "local"),
+        ("api.localhost", "local"),
+        ("10.1.2.3", "local"),
+        ("192.168.0.7", "local"),
+        ("::ffff:127.0.0.1", "local"),
+        ("169.254.169.254", "forbidden"),
+        ("::ffff:169.254.169.254", "forbidden"),
+        ("fe80::1", "forbidden"),
+        ("0.0.0.0", "forbidden"),
+        ("224.0.0.1", "forbidden"),
+    ],
+)
+def test_address_kinds(host, kind):
+    from modelhub.pull.http import address_kind
+
+    assert address_kind(host) == kind
+
+
+def test_redirect_hops_from_a_public_start_may_not_turn_private_or_plain():
+    from modelhub.pull.http import PUBLIC, HttpClient
+
+    with HttpClient(fast_policy()) as client:
+        start = "https://registry.example.org/v2/x/blobs/y"
+        assert client.check_redirect(start, "https://8.8.8.8/blob", PUBLIC) == (
+            "https://8.8.8.8/blob"
+        )
+        for target, reason in [
+            ("https://127.0.0.1/blob", "public host to a private one"),
+            ("https://10.0.0.5/blob", "public host to a private one"),
+            ("http://8.8.8.8/blob", "from https to plain http"),
+            ("//169.254.169.254/latest/meta-data", "link-local"),
+            ("data:text/plain,hi", "non-HTTP"),
+        ]:
+            with pytest.raises(Forbidden, match=reason):
+                client.check_redirect(start, target, PUBLIC)

@@ -74,9 +74,11 @@ def address_kind(host: str) -> str:
 def _ip_kind(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
+    if ip.is_loopback:  # before is_reserved: ::1 lies in the reserved ::/8
+        return LOCAL
     if ip.is_unspecified or ip.is_link_local or ip.is_multicast or ip.is_reserved:
         return FORBIDDEN
-    if ip.is_loopback or ip.is_private or not ip.is_global:
+    if ip.is_private or not ip.is_global:
         return LOCAL
     return PUBLIC
 
