@@ -1,4 +1,4 @@
-"""The code standards are part of the test suite: ruff, ruff format, mypy --strict, layer contracts."""
+"""Code standards as tests: ruff, ruff format, mypy --strict, layer contracts."""
 
 from __future__ import annotations
 

@@ -320,3 +320,19 @@ def _runner_pids(d: Daemon) -> list[int]:
         if b"modelhub.engine.runner" in cmd and f"MODELHUB_MODELS={d.models}".encode() in env:
             pids.append(int(proc.name))
     return pids
+
+
+def test_cli_run_ps_stop(served: Daemon) -> None:
+    r = served.cli("run", "smol-ngram", "List the days of the week.", "--verbose")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "eval rate:" in r.stderr and "tokens/s" in r.stderr
+    ps = served.cli("ps")
+    assert ps.returncode == 0 and "smol-ngram:latest" in ps.stdout and "ngram" in ps.stdout
+    stop = served.cli("stop", "smol-ngram")
+    assert stop.returncode == 0, stop.stderr
+    assert "smol-ngram:latest" not in served.cli("ps").stdout
+    missing = served.cli("stop", "nope")
+    assert missing.returncode == 1 and 'couldn\'t find model "nope" to stop' in missing.stderr
+    piped = served.cli("run", "smol", "Summarise:", input="The cat sat on the mat.\n")
+    assert piped.returncode == 0 and piped.stdout.strip()
