@@ -81,6 +81,7 @@ LANGUAGE = [
     ('{{ .A | printf "<%s>" }}', {"A": "v"}, "<v>"),
     ('{{ .L | len | printf "%d items" }}', {"L": [1, 2, 3]}, "3 items"),
     ('{{ "x" | printf "%s%s" "y" }}', {}, "yx"),  # the piped value comes last
+    ("{{ .A | }}{{ (.A |) }}", {"A": "v"}, "vv"),  # Go accepts a dangling '|'
     # literals
     ('{{ "tab\\tquote\\"e\\u00e9\\x41\\101" }}', {}, 'tab\tquote"eéAA'),
     ("{{ `raw\\n\nline` }}", {}, "raw\\n\nline"),
@@ -120,9 +121,10 @@ FUNCTIONS = [
     ),
     ('[{{ index .M "missing" }}] {{ index .S 1 }}', {"M": {}, "S": "ab"}, "[] 98"),
     (
-        "{{ slice .L 1 }} {{ slice .L 1 2 }} {{ slice .L }} {{ slice .S 1 3 }}",
+        "{{ slice .L 1 }} {{ slice .L 1 2 }} {{ slice .L }} {{ slice .S 1 3 }} "
+        "{{ slice .L 1 2 3 }}",
         {"L": [1, 2, 3], "S": "abcd"},
-        "[2 3] [2] [1 2 3] bc",
+        "[2 3] [2] [1 2 3] bc [2]",
     ),
     ('{{ print 1 2 "a" "b" 3 }}', {}, "1 2ab3"),
     ('{{ println 1 "a" }}', {}, "1 a\n"),
@@ -269,7 +271,7 @@ ERRORS = [
     ("x\n  {{/* never closed", "unclosed comment", 2, 3),
     ("{{/* c */ x}}", "comment ends before closing delimiter", 1, 10),
     ("{{ foo .A }}", 'function "foo" not defined', 1, 4),
-    ("line one\nline two {{ .A | }}", "missing command after '|'", 2, 16),
+    ("line one\nline two {{ .A | | .B }}", "missing command after '|'", 2, 16),
     ("{{ .A | .B }}", "non-executable command in pipeline stage 2", 1, 9),
     ('{{ .A | "x" }}', "non-executable command in pipeline stage 2", 1, 9),
     ("{{ .A .B }}", "can't give argument to non-function", 1, 7),
@@ -318,6 +320,7 @@ EXEC_ERRORS = [
     ("{{ range .S }}{{ end }}", {"S": "abc"}, "range can't iterate over string", 1, 10),
     ("{{ .S.Field }}", {"S": "abc"}, "can't evaluate field Field in type string", 1, 4),
     ("{{ slice .L 2 1 }}", {"L": [1, 2]}, "invalid slice index: 2 > 1", 1, 4),
+    ("{{ slice .L 0 2 1 }}", {"L": [1, 2]}, "invalid slice index: 2 > 1", 1, 4),
     ("{{ printf 3 }}", {}, "format must be a string", 1, 4),
     (
         "{{ range $i, $v := 3 }}{{ end }}",

@@ -8,6 +8,7 @@ bytes, as in Go.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -243,8 +244,9 @@ def _slice(item: Any, *indexes: Any) -> Any:
         raise ValueError_(f"too many slice indexes: {len(indexes)}")
     bounds = [_int_index(i, len(item), True) for i in indexes]
     lo, hi = (bounds + [0, len(item)][len(bounds) :])[:2]
-    if lo > hi:
-        raise ValueError_(f"invalid slice index: {lo} > {hi}")
+    for a, b in itertools.pairwise(bounds):
+        if a > b:
+            raise ValueError_(f"invalid slice index: {a} > {b}")
     return list(item[lo:hi])
 
 

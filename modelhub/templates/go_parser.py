@@ -151,7 +151,8 @@ class _Parser:
             cmds.append(self.parse_command())
             if self.peek().kind == "|":
                 bar = self.next()
-                if self.peek().kind in ("close", ")", "|"):
+                # Go accepts a dangling '|' before the end of the pipeline, but not '| |'.
+                if self.peek().kind == "|":
                     self.fail(bar.offset, "missing command after '|'")
         if not cmds:
             self.fail(self.peek().offset, f"missing value for {context}")
