@@ -30,7 +30,14 @@ from modelhub.templates.go_ast import (
 )
 from modelhub.templates.go_funcs import FUNCTIONS
 from modelhub.templates.go_lexer import Positions, template_error
-from modelhub.templates.go_values import ValueError_, field, is_list, to_text, truth, type_name
+from modelhub.templates.go_values import (
+    TemplateValueError,
+    field,
+    is_list,
+    to_text,
+    truth,
+    type_name,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +203,7 @@ class Executor:
             values.append(final)
         try:
             result = func(*values)
-        except ValueError_ as e:
+        except TemplateValueError as e:
             self.fail(fn.offset, f"error calling {fn.name}: {e}")
         if isinstance(result, str) and len(result) > self.limits.max_output:
             self.fail(fn.offset, f"{fn.name} result exceeds {self.limits.max_output} characters")
@@ -229,6 +236,6 @@ class Executor:
         try:
             for name in names:
                 value = field(value, name)
-        except ValueError_ as e:
+        except TemplateValueError as e:
             self.fail(offset, str(e))
         return value

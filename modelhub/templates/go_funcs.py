@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from modelhub.templates.go_values import (
-    ValueError_,
+    TemplateValueError,
     equal,
     format_float,
     is_list,
@@ -192,7 +192,7 @@ def _println(*args: Any) -> str:
 
 def _printf(fmt: Any, *args: Any) -> str:
     if not isinstance(fmt, str):
-        raise ValueError_(f"printf: format must be a string, not {type_name(fmt)}")
+        raise TemplateValueError(f"printf: format must be a string, not {type_name(fmt)}")
     return sprintf(fmt, list(args))
 
 
@@ -201,21 +201,21 @@ def _len(value: Any) -> int:
         return len(value.encode())
     if isinstance(value, Mapping) or is_list(value):
         return len(value)
-    raise ValueError_(f"len of type {type_name(value)}")
+    raise TemplateValueError(f"len of type {type_name(value)}")
 
 
 def _int_index(idx: Any, size: int, allow_end: bool) -> int:
     if not isinstance(idx, int) or isinstance(idx, bool):
-        raise ValueError_(f"cannot index slice/array with type {type_name(idx)}")
+        raise TemplateValueError(f"cannot index slice/array with type {type_name(idx)}")
     if idx < 0 or idx > size or (idx == size and not allow_end):
-        raise ValueError_(f"index out of range: {idx}")
+        raise TemplateValueError(f"index out of range: {idx}")
     return idx
 
 
 def _index(item: Any, *indexes: Any) -> Any:
     for idx in indexes:
         if item is None:
-            raise ValueError_("index of untyped nil")
+            raise TemplateValueError("index of untyped nil")
         if isinstance(item, Mapping):
             item = item.get(idx) if isinstance(idx, str) else None
         elif isinstance(item, str):
@@ -224,35 +224,35 @@ def _index(item: Any, *indexes: Any) -> Any:
         elif is_list(item):
             item = item[_int_index(idx, len(item), False)]
         else:
-            raise ValueError_(f"can't index item of type {type_name(item)}")
+            raise TemplateValueError(f"can't index item of type {type_name(item)}")
     return item
 
 
 def _slice(item: Any, *indexes: Any) -> Any:
     if isinstance(item, str):
         if len(indexes) > 2:
-            raise ValueError_("cannot 3-index slice a string")
+            raise TemplateValueError("cannot 3-index slice a string")
         data = item.encode()
         bounds = [_int_index(i, len(data), True) for i in indexes]
         lo, hi = (bounds + [0, len(data)][len(bounds) :])[:2]
         if lo > hi:
-            raise ValueError_(f"invalid slice index: {lo} > {hi}")
+            raise TemplateValueError(f"invalid slice index: {lo} > {hi}")
         return data[lo:hi].decode(errors="replace")
     if not is_list(item):
-        raise ValueError_(f"can't slice item of type {type_name(item)}")
+        raise TemplateValueError(f"can't slice item of type {type_name(item)}")
     if len(indexes) > 3:
-        raise ValueError_(f"too many slice indexes: {len(indexes)}")
+        raise TemplateValueError(f"too many slice indexes: {len(indexes)}")
     bounds = [_int_index(i, len(item), True) for i in indexes]
     lo, hi = (bounds + [0, len(item)][len(bounds) :])[:2]
     for a, b in itertools.pairwise(bounds):
         if a > b:
-            raise ValueError_(f"invalid slice index: {a} > {b}")
+            raise TemplateValueError(f"invalid slice index: {a} > {b}")
     return list(item[lo:hi])
 
 
 def _eq(first: Any, *others: Any) -> bool:
     if not others:
-        raise ValueError_("missing argument for comparison")
+        raise TemplateValueError("missing argument for comparison")
     return any(equal(first, other) for other in others)
 
 

@@ -117,7 +117,7 @@ class _Lexer:
                 self.tokens.append(Token("close", None, self.pos))
                 self.pos += 2
                 return False
-            self.tokens.append(self.token(start, space))
+            self.tokens.append(self.token(space))
             space = False
 
     def at_right_trim(self) -> bool:
@@ -135,7 +135,7 @@ class _Lexer:
         self.pos += 4 if trim else 2
         return trim
 
-    def token(self, action_start: int, space: bool) -> Token:
+    def token(self, space: bool) -> Token:
         text, at = self.text, self.pos
         ch = text[at]
         nxt = text[at + 1] if at + 1 < len(text) else ""

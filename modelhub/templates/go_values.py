@@ -29,7 +29,7 @@ _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _FIELD_ALIASES = {"Defs": "$defs", "AnyOf": "anyOf"}
 
 
-class ValueError_(Exception):
+class TemplateValueError(Exception):
     """A value-level failure; the executor adds the position."""
 
 
@@ -49,7 +49,7 @@ def field(value: Any, name: str) -> Any:
         if name in value:
             return value[name]
         return value.get(json_key(name))
-    raise ValueError_(f"can't evaluate field {name} in type {type_name(value)}")
+    raise TemplateValueError(f"can't evaluate field {name} in type {type_name(value)}")
 
 
 def truth(value: Any) -> bool:
@@ -140,7 +140,7 @@ def _basic_kind(value: Any) -> str:
         return "number"
     if isinstance(value, str):
         return "string"
-    raise ValueError_(f"non-comparable type {type_name(value)}")
+    raise TemplateValueError(f"non-comparable type {type_name(value)}")
 
 
 def equal(a: Any, b: Any) -> bool:
@@ -148,12 +148,16 @@ def equal(a: Any, b: Any) -> bool:
     if "nil" in (ka, kb):
         return ka == kb
     if ka != kb:
-        raise ValueError_(f"incompatible types for comparison: {type_name(a)} and {type_name(b)}")
+        raise TemplateValueError(
+            f"incompatible types for comparison: {type_name(a)} and {type_name(b)}"
+        )
     return bool(a == b)
 
 
 def less(a: Any, b: Any) -> bool:
     ka, kb = _basic_kind(a), _basic_kind(b)
     if ka != kb or ka not in ("number", "string"):
-        raise ValueError_(f"incompatible types for comparison: {type_name(a)} and {type_name(b)}")
+        raise TemplateValueError(
+            f"incompatible types for comparison: {type_name(a)} and {type_name(b)}"
+        )
     return bool(a < b)
