@@ -46,6 +46,7 @@ from modelhub.store import (
     parse_digest,
     parse_name,
 )
+from modelhub.templates.gotemplate import parse_template
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ def check_request(req: CreateRequest) -> None:
         raise BadRequest("only one adapter is currently supported")
     for key, value in req.parameters.items():
         req.parameters[key] = coerce_option(key, value)
+    if req.template:
+        parse_template(req.template)  # 400 "template error: ... at line L col C"
     if req.quantize:
         _quant_type(req.quantize)
     if req.draft_quantize:

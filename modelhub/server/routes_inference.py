@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -76,16 +77,58 @@ def _special(state: ServerState, view: ModelView) -> tuple[str, str]:
     return state.views.special_tokens(view.model_layer.digest)
 
 
+def reply_body(raw: str, *, chat: bool, text: str = "") -> dict[str, Any]:
+    """The common head of native replies: generate's ``response`` or chat's ``message``."""
+    body: dict[str, Any] = {"model": raw, "created_at": now_rfc3339()}
+    if chat:
+        body["message"] = {"role": "assistant", "content": text}
+    else:
+        body["response"] = text
+    return body
+
+
+class NativeShaper:
+    """Runner events -> Ollama's streamed objects and final object (generate or chat)."""
+
+    def __init__(
+        self,
+        raw: str,
+        *,
+        chat: bool,
+        started: int,
+        with_context: bool,
+        record: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.raw, self.chat, self.started = raw, chat, started
+        self.with_context, self.record = with_context, record
+        self.load_ns = 0
+
+    def chunk(self, ev: dict[str, Any]) -> dict[str, Any] | None:
+        if ev.get("event") == "ready":
+            self.load_ns = int(ev["load_duration"])
+        if ev.get("event") != "token":
+            return None
+        out = reply_body(self.raw, chat=self.chat, text=str(ev.get("text", "")))
+        out["done"] = False
+        if ev.get("drafted"):
+            out["drafted"] = True
+        return out
+
+    def final(self, ev: dict[str, Any]) -> dict[str, Any]:
+        result = ev["result"]
+        out = reply_body(self.raw, chat=self.chat)
+        out.update(done=True, done_reason=_done_reason(result))
+        if self.with_context:
+            out["context"] = result.get("context", [])
+        out.update(final_stats(result, self.started, self.load_ns))
+        self.record(result)
+        return out
+
+
 async def _unload_reply(state: ServerState, view: ModelView, raw: str, chat: bool) -> Response:
     if view.model_layer is not None:
         await state.scheduler.unload(view.model_layer.digest)
-    body: dict[str, Any] = {"model": raw, "created_at": now_rfc3339()}
-    if chat:
-        body["message"] = {"role": "assistant", "content": ""}
-    else:
-        body["response"] = ""
-    body.update(done=True, done_reason="unload")
-    return JSONResponse(body)
+    return JSONResponse({**reply_body(raw, chat=chat), "done": True, "done_reason": "unload"})
 
 
 async def _load_reply(
@@ -99,13 +142,7 @@ async def _load_reply(
     p = plan(view, options, num_threads=state.settings.num_threads)
     async with state.scheduler.use(p.spec, keep_alive):
         pass
-    body: dict[str, Any] = {"model": raw, "created_at": now_rfc3339()}
-    if chat:
-        body["message"] = {"role": "assistant", "content": ""}
-    else:
-        body["response"] = ""
-    body.update(done=True, done_reason="load")
-    return JSONResponse(body)
+    return JSONResponse({**reply_body(raw, chat=chat), "done": True, "done_reason": "load"})
 
 
 @router.post("/api/generate")
@@ -156,41 +193,15 @@ async def generate(request: Request) -> Response:
         "format": fmt,
         "prediction": data.get("prediction") if isinstance(data.get("prediction"), str) else None,
     }
+    shaper = NativeShaper(
+        raw,
+        chat=False,
+        started=started,
+        with_context=not raw_mode,
+        record=lambda r: state.metrics.record(view.name.display, r),
+    )
     events = run_on_runner(state, p, keep_alive, msg, started)
-    load_ns = 0
-
-    def chunk(ev: dict[str, Any]) -> dict[str, Any] | None:
-        if ev.get("event") == "ready":
-            nonlocal load_ns
-            load_ns = int(ev["load_duration"])
-        if ev.get("event") != "token":
-            return None
-        out: dict[str, Any] = {
-            "model": raw,
-            "created_at": now_rfc3339(),
-            "response": ev.get("text", ""),
-            "done": False,
-        }
-        if ev.get("drafted"):
-            out["drafted"] = True
-        return out
-
-    def final(ev: dict[str, Any]) -> dict[str, Any]:
-        result = ev["result"]
-        out: dict[str, Any] = {
-            "model": raw,
-            "created_at": now_rfc3339(),
-            "response": "",
-            "done": True,
-            "done_reason": _done_reason(result),
-        }
-        if not raw_mode:
-            out["context"] = result.get("context", [])
-        out.update(final_stats(result, started, load_ns))
-        state.metrics.record(view.name.display, result)
-        return out
-
-    return await respond(events, stream=stream, chunk=chunk, final=final)
+    return await respond(events, stream=stream, chunk=shaper.chunk, final=shaper.final)
 
 
 def _done_reason(result: dict[str, Any]) -> str:
@@ -271,39 +282,15 @@ async def chat(request: Request) -> Response:
     p = plan(view, options, num_threads=state.settings.num_threads)
     text = chat_prompt(state, view, messages, tools)
     msg = {"op": "generate", "prompt": text, "options": p.options, "format": fmt}
+    shaper = NativeShaper(
+        raw,
+        chat=True,
+        started=started,
+        with_context=False,
+        record=lambda r: state.metrics.record(view.name.display, r),
+    )
     events = run_on_runner(state, p, keep_alive, msg, started)
-    load_ns = 0
-
-    def chunk(ev: dict[str, Any]) -> dict[str, Any] | None:
-        if ev.get("event") == "ready":
-            nonlocal load_ns
-            load_ns = int(ev["load_duration"])
-        if ev.get("event") != "token":
-            return None
-        out: dict[str, Any] = {
-            "model": raw,
-            "created_at": now_rfc3339(),
-            "message": {"role": "assistant", "content": ev.get("text", "")},
-            "done": False,
-        }
-        if ev.get("drafted"):
-            out["drafted"] = True
-        return out
-
-    def final(ev: dict[str, Any]) -> dict[str, Any]:
-        result = ev["result"]
-        out: dict[str, Any] = {
-            "model": raw,
-            "created_at": now_rfc3339(),
-            "message": {"role": "assistant", "content": ""},
-            "done": True,
-            "done_reason": _done_reason(result),
-        }
-        out.update(final_stats(result, started, load_ns))
-        state.metrics.record(view.name.display, result)
-        return out
-
-    return await respond(events, stream=stream, chunk=chunk, final=final)
+    return await respond(events, stream=stream, chunk=shaper.chunk, final=shaper.final)
 
 
 async def embed_texts(
