@@ -28,7 +28,7 @@ class DownloadPolicy:
     part_target_count: int = 16
     parallel: int = 4  # concurrent ranged requests per blob
     progress_interval: float = 0.06  # Ollama streams progress about every 60 ms
-    state_interval: float = 1.0  # how often resume state is written while bytes arrive
+    state_interval: float = 0.5  # how often resume state is written while bytes arrive
     space_margin: int = 64 << 20  # free space kept on top of what a download needs
     max_redirects: int = 10
 
