@@ -212,6 +212,35 @@ def test_concurrent_pulls_in_one_process_share_one_download(store, registry):
     assert store.verify(rehash=True) == []
 
 
+def test_two_models_sharing_a_layer_download_it_once(store, registry):
+    shared = os.urandom(1_500_000)
+    registry.add_model("library/a", "latest", [(MEDIA_MODEL, shared), ("t", b"template a")])
+    registry.add_model("library/b", "latest", [(MEDIA_MODEL, shared), ("t", b"template b")])
+    registry.faults[sha256(shared)] = Fault(rate=4_000_000)
+    errors: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            pull_model(
+                store,
+                f"{registry.host}/library/{name}",
+                insecure=True,
+                progress=Recorder(),
+                policy=fast_policy(),
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert registry.bytes_sent(sha256(shared)[7:]) <= len(shared) + 10
+    assert len(store.list_models()) == 2
+
+
 def test_one_waiter_cancelling_does_not_stop_the_other(store, registry):
     weights = model(registry, Fault(rate=1_000_000), size=1_000_000)
     cancel_first = threading.Event()

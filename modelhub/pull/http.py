@@ -104,7 +104,9 @@ class HttpClient:
         timeout = httpx.Timeout(
             policy.stall_timeout, connect=policy.connect_timeout, pool=policy.stall_timeout
         )
-        limits = httpx.Limits(max_connections=policy.parallel * 2 + 4)
+        # No cap on connections: every one belongs to a part thread, and one client serves all
+        # concurrent pulls of the process (a cap would make parts queue and time out).
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=policy.parallel * 2)
         self._client = httpx.Client(
             timeout=timeout,
             limits=limits,
