@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 
-import llama_cpp
 import numpy as np
 import pytest
 
@@ -21,6 +20,8 @@ def _logits(seed: int) -> np.ndarray:
 
 def _llama_cpp_probs(logits: np.ndarray, params: SamplingParams, history: list[int]) -> np.ndarray:
     """The distribution llama.cpp's default chain would sample from (applied, not sampled)."""
+    from modelhub.engine.llama import llama_cpp  # the engine module loads llama.cpp first
+
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = llama_cpp.llama_sampler_chain_add
     penalties = llama_cpp.llama_sampler_init_penalties(

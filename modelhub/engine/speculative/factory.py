@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from modelhub.engine.llama import LlamaContext, LlamaModel
 from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.ngram import NgramDrafter, NgramPool
 from modelhub.errors import DraftError
 
 if TYPE_CHECKING:
@@ -105,17 +106,21 @@ def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int) -> Draft
 
 
 # One n-gram pool per target model, shared by every engine (and request) in the process.
-_ngram_pools: dict[str, object] = {}
+_ngram_pools: dict[str, NgramPool] = {}
+
+
+def ngram_pool(model_path: Path) -> NgramPool:
+    """The process-wide n-gram pool of a model (created on first use)."""
+    key = str(model_path.resolve())
+    pool = _ngram_pools.get(key)
+    if pool is None:
+        pool = NgramPool()
+        _ngram_pools[key] = pool
+    return pool
 
 
 def ngram_drafter(model_path: Path) -> Drafter:
-    from modelhub.engine.speculative.ngram import NgramDrafter, NgramPool
-
-    key = str(model_path.resolve())
-    pool = _ngram_pools.get(key)
-    if not isinstance(pool, NgramPool):
-        pool = NgramPool()
-        _ngram_pools[key] = pool
+    pool = ngram_pool(model_path)
     drafter: Drafter = NgramDrafter(pool.n_match, pool=pool)
     return drafter
 

@@ -1,0 +1,425 @@
+"""Speculative decoding, measured side by side: plain decoding vs each drafter, in one run.
+
+Sections (all greedy unless stated; the same prompts, threads and token budget throughout):
+
+a. cost-emulating target (SmolLM2 Q8_0 padded with inert blocks, ~8x the draft's cost per
+   token) + the Q4_1 file as draft: K = 4, K = 8 and adaptive. Goal: median speed-up >= 1.5x.
+b. the real 1:1-cost pair (Q8_0 target, Q4_1 draft), adaptive. Goal: within 5 % of plain.
+c. n-gram drafting on an edit/rewrite prompt: the first time the text is seen, and with the
+   pool warm from a similar earlier request. Goals: >= 1.6x and >= 3.0x.
+d. temperature 0.8: acceptance of rejection sampling vs "sample the target and compare"
+   (llama.cpp's rule), K = 4, Q8_0 + Q4_1. Goal: ratio >= 1.5.
+e. plain decoding through the engine vs llama-cpp-python's ``Llama.create_completion`` on the
+   same GGUF. Goal: >= 0.95x.
+
+Tokens/s counts generated tokens over generation time (prefill excluded) except in (e), where
+both sides are timed by the wall clock around the whole call. Each cell is the best of
+``--runs`` runs, interleaved with its baseline. Usage::
+
+    python bench/speculative.py [--tokens 128] [--runs 2] [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from modelhub.engine.generate import (  # noqa: E402
+    Engine,
+    EngineConfig,
+    GenerateOptions,
+    GenerateResult,
+)
+from modelhub.engine.speculative import factory  # noqa: E402
+from tests import realmodels  # noqa: E402
+
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+PROMPTS = {
+    "fridge": "What should I keep in my fridge? Give me a list.",
+    "palindrome": "Write a Python function that checks whether a string is a palindrome.",
+    "story": "Write a short story about a lighthouse keeper.",
+}
+CODE = """def summarize(orders):
+    total = 0
+    count = 0
+    for order in orders:
+        if order.status == "paid":
+            total = total + order.amount
+            count = count + 1
+    average = total / count if count else 0
+    print("paid orders:", count, "total:", total, "average:", average)
+    return {"count": count, "total": total, "average": average}
+"""
+EDIT = (
+    "Rename the variable `total` to `revenue` in this function. Reply with the code only."
+    f"\n\n{CODE}"
+)
+SIMILAR = (
+    "Rename the variable `count` to `paid_count` in this function. Reply with the code only."
+    f"\n\n{CODE}"
+)
+
+
+def chat(user: str) -> str:
+    return (
+        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+@dataclass
+class Cell:
+    """One configuration on one prompt: the best of the runs."""
+
+    tok_s: float = 0.0
+    tokens: int = 0
+    acceptance: float | None = None
+    drafted: int = 0
+    accepted: int = 0
+    runs: list[float] = field(default_factory=list)
+
+    def add(self, r: GenerateResult, seconds: float | None = None) -> None:
+        duration = seconds if seconds is not None else r.eval_duration_ns / 1e9
+        rate = r.eval_count / duration if duration > 0 else 0.0
+        self.runs.append(round(rate, 2))
+        if rate >= self.tok_s:
+            self.tok_s, self.tokens = rate, r.eval_count
+            self.drafted, self.accepted = r.draft_count, r.draft_accepted_count
+            self.acceptance = round(r.acceptance, 3) if r.draft_count else None
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def engine(path: Path, threads: int, **kw: Any) -> Engine:
+    return Engine(EngineConfig(path, n_ctx=2048, n_threads=threads, **kw))
+
+
+def greedy(n: int, k: int | None = None) -> GenerateOptions:
+    return GenerateOptions(num_predict=n, temperature=0, draft_num_predict=k)
+
+
+def compare(
+    baseline: Callable[[], GenerateResult],
+    candidates: dict[str, Callable[[], GenerateResult]],
+    runs: int,
+) -> dict[str, Cell]:
+    """Interleave baseline and candidates ``runs`` times; check greedy outputs agree."""
+    cells = {"plain": Cell(), **{name: Cell() for name in candidates}}
+    for _ in range(runs):
+        ref = baseline()
+        cells["plain"].add(ref)
+        for name, run in candidates.items():
+            r = run()
+            if r.tokens != ref.tokens:
+                raise SystemExit(f"{name}: output differs from plain decoding (lossless broken)")
+            cells[name].add(r)
+    return cells
+
+
+def speedups(table: dict[str, dict[str, Cell]], name: str) -> list[float]:
+    return [row[name].tok_s / row["plain"].tok_s for row in table.values()]
+
+
+def section_a(args: argparse.Namespace) -> dict[str, Any]:
+    target, draft = realmodels.padded_smollm2(), realmodels.smollm2_q4_1()
+    plain = engine(target, args.threads)
+    fixed = engine(
+        target,
+        args.threads,
+        draft_kind="draft_model",
+        draft_path=draft,
+        draft_num_predict=8,
+        adaptive=False,
+    )
+    adaptive = engine(
+        target, args.threads, draft_kind="draft_model", draft_path=draft, draft_num_predict=8
+    )
+    table: dict[str, dict[str, Cell]] = {}
+    try:
+        for name, text in PROMPTS.items():
+            tokens = plain.tokenize(chat(text))
+            table[name] = compare(
+                lambda t=tokens: plain.generate(t, greedy(args.tokens)),
+                {
+                    "K=4": lambda t=tokens: fixed.generate(t, greedy(args.tokens, 4)),
+                    "K=8": lambda t=tokens: fixed.generate(t, greedy(args.tokens, 8)),
+                    "adaptive": lambda t=tokens: adaptive.generate(t, greedy(args.tokens)),
+                },
+                args.runs,
+            )
+    finally:
+        for e in (plain, fixed, adaptive):
+            e.close()
+    return {
+        "table": table,
+        "goal": "median speed-up >= 1.5x",
+        "configs": ["K=4", "K=8", "adaptive"],
+    }
+
+
+def section_b(args: argparse.Namespace) -> dict[str, Any]:
+    target, draft = realmodels.smollm2_q8_0(), realmodels.smollm2_q4_1()
+    plain = engine(target, args.threads)
+    adaptive = engine(
+        target, args.threads, draft_kind="draft_model", draft_path=draft, draft_num_predict=8
+    )
+    fixed = engine(
+        target,
+        args.threads,
+        draft_kind="draft_model",
+        draft_path=draft,
+        draft_num_predict=4,
+        adaptive=False,
+    )
+    table: dict[str, dict[str, Cell]] = {}
+    try:
+        for name, text in PROMPTS.items():
+            tokens = plain.tokenize(chat(text))
+            table[name] = compare(
+                lambda t=tokens: plain.generate(t, greedy(args.tokens)),
+                {
+                    "adaptive": lambda t=tokens: adaptive.generate(t, greedy(args.tokens)),
+                    "K=4 (fixed)": lambda t=tokens: fixed.generate(t, greedy(args.tokens, 4)),
+                },
+                args.runs,
+            )
+    finally:
+        for e in (plain, adaptive, fixed):
+            e.close()
+    return {
+        "table": table,
+        "goal": "adaptive within 5 % of plain (>= 0.95x)",
+        "configs": ["adaptive", "K=4 (fixed)"],
+    }
+
+
+def section_c(args: argparse.Namespace) -> dict[str, Any]:
+    target = realmodels.smollm2_q8_0()
+    plain = engine(target, args.threads)
+    ngram = engine(target, args.threads, draft_kind="ngram", draft_num_predict=16)
+    table: dict[str, dict[str, Cell]] = {}
+    n = max(args.tokens, 160)  # the rewritten function is ~130 tokens long
+    try:
+        edit, similar = plain.tokenize(chat(EDIT)), plain.tokenize(chat(SIMILAR))
+
+        def fresh_pool() -> None:
+            factory.ngram_pool(target).clear()
+
+        def first_time() -> GenerateResult:
+            fresh_pool()
+            return ngram.generate(edit, greedy(n))
+
+        def warm() -> GenerateResult:
+            fresh_pool()
+            ngram.generate(similar, greedy(n))
+            return ngram.generate(edit, greedy(n))
+
+        table["edit"] = compare(
+            lambda: plain.generate(edit, greedy(n)),
+            {"first time": first_time, "warm pool": warm},
+            args.runs,
+        )
+    finally:
+        plain.close()
+        ngram.close()
+    return {
+        "table": table,
+        "goal": "first time >= 1.6x, warm pool >= 3.0x",
+        "configs": ["first time", "warm pool"],
+    }
+
+
+def section_d(args: argparse.Namespace) -> dict[str, Any]:
+    target, draft = realmodels.smollm2_q8_0(), realmodels.smollm2_q4_1()
+    spec = engine(
+        target,
+        args.threads,
+        draft_kind="draft_model",
+        draft_path=draft,
+        draft_num_predict=4,
+        adaptive=False,
+    )
+    rows: dict[str, dict[str, float]] = {}
+    try:
+        for name, text in PROMPTS.items():
+            tokens = spec.tokenize(chat(text))
+            totals = {"rejection": [0, 0], "compare": [0, 0]}
+            for seed in range(args.runs * 2):
+                for rule in ("rejection", "compare"):
+                    r = spec.generate(
+                        tokens,
+                        GenerateOptions(
+                            num_predict=args.tokens,
+                            temperature=0.8,
+                            top_k=40,
+                            top_p=0.95,
+                            min_p=0.05,
+                            seed=seed,
+                            draft_num_predict=4,
+                            sampling_verify=rule,
+                        ),
+                    )
+                    totals[rule][0] += r.draft_accepted_count
+                    totals[rule][1] += r.draft_count
+            rows[name] = {rule: round(a / d, 3) if d else 0.0 for rule, (a, d) in totals.items()}
+    finally:
+        spec.close()
+    return {"rows": rows, "goal": "rejection acceptance >= 1.5x compare acceptance"}
+
+
+def section_e(args: argparse.Namespace) -> dict[str, Any]:
+    from llama_cpp import Llama
+
+    target = realmodels.smollm2_q8_0()
+    ours = engine(target, args.threads)
+    theirs = Llama(
+        str(target),
+        n_ctx=2048,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        flash_attn=True,
+        verbose=False,
+    )
+    rows: dict[str, dict[str, float]] = {}
+    try:
+        for name, text in PROMPTS.items():
+            tokens = ours.tokenize(chat(text))
+            best = {"engine": 0.0, "llama-cpp-python": 0.0}
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                r = ours.generate(tokens, greedy(args.tokens))
+                best["engine"] = max(best["engine"], r.eval_count / (time.perf_counter() - t0))
+                t0 = time.perf_counter()
+                out = theirs.create_completion(
+                    tokens, max_tokens=args.tokens, temperature=0.0, top_k=1, repeat_penalty=1.0
+                )
+                n = out["usage"]["completion_tokens"]  # type: ignore[index]
+                best["llama-cpp-python"] = max(
+                    best["llama-cpp-python"], n / (time.perf_counter() - t0)
+                )
+            rows[name] = {k: round(v, 2) for k, v in best.items()}
+    finally:
+        ours.close()
+        theirs.close()
+    return {"rows": rows, "goal": "engine >= 0.95x llama-cpp-python"}
+
+
+def report(results: dict[str, Any]) -> None:
+    for key in ("a", "b", "c"):
+        if key not in results:
+            continue
+        sec = results[key]
+        print(f"\n[{key}] {sec['title']}  (goal: {sec['goal']})")
+        header = f"{'prompt':<12}{'plain tok/s':>12}"
+        for c in sec["configs"]:
+            header += f"{c + ' tok/s':>20}{'x':>7}{'acc':>7}"
+        print(header)
+        for prompt, row in sec["table"].items():
+            line = f"{prompt:<12}{row['plain'].tok_s:>12.1f}"
+            for c in sec["configs"]:
+                cell = row[c]
+                acc = "-" if cell.acceptance is None else f"{cell.acceptance:.2f}"
+                line += f"{cell.tok_s:>20.1f}{cell.tok_s / row['plain'].tok_s:>7.2f}{acc:>7}"
+            print(line)
+        for c in sec["configs"]:
+            ratios = speedups(sec["table"], c)
+            print(f"  {c}: median speed-up {statistics.median(ratios):.2f}x")
+    if "d" in results:
+        sec = results["d"]
+        print(f"\n[d] {sec['title']}  (goal: {sec['goal']})")
+        for prompt, row in sec["rows"].items():
+            ratio = row["rejection"] / row["compare"] if row["compare"] else float("inf")
+            print(
+                f"{prompt:<12} rejection {row['rejection']:.3f}  compare {row['compare']:.3f}"
+                f"  ratio {ratio:.2f}"
+            )
+    if "e" in results:
+        sec = results["e"]
+        print(f"\n[e] {sec['title']}  (goal: {sec['goal']})")
+        for prompt, row in sec["rows"].items():
+            ratio = row["engine"] / row["llama-cpp-python"]
+            print(
+                f"{prompt:<12} engine {row['engine']:.1f} tok/s  llama-cpp-python "
+                f"{row['llama-cpp-python']:.1f} tok/s  ratio {ratio:.2f}"
+            )
+
+
+TITLES = {
+    "a": "cost-emulating padded target + Q4_1 draft, greedy",
+    "b": "real 1:1 pair Q8_0 + Q4_1, greedy",
+    "c": "n-gram drafting on an edit prompt (Q8_0 target), greedy",
+    "d": "temperature 0.8: acceptance, rejection sampling vs sample-and-compare (K=4)",
+    "e": "plain engine vs llama-cpp-python create_completion (Q8_0)",
+}
+
+
+def to_json(value: Any) -> Any:
+    if isinstance(value, Cell):
+        return value.__dict__
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sections", default="abcde")
+    parser.add_argument("--json", type=Path, default=Path("bench-speculative.json"))
+    args = parser.parse_args(argv)
+    sections = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e}
+    results: dict[str, Any] = {}
+    conditions = {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "runs": args.runs,
+        "load_average_start": load_average(),
+    }
+    for key in args.sections:
+        t0 = time.perf_counter()
+        results[key] = {"title": TITLES[key], **sections[key](args)}
+        results[key]["seconds"] = round(time.perf_counter() - t0, 1)
+        results[key]["load_average_after"] = load_average()
+        print(f"section {key} done in {results[key]['seconds']} s", file=sys.stderr)
+    report(results)
+    summary: dict[str, Any] = {}
+    for key in ("a", "b", "c"):
+        if key in results:
+            summary[key] = {
+                c: round(statistics.median(speedups(results[key]["table"], c)), 3)
+                for c in results[key]["configs"]
+            }
+    conditions["load_average_end"] = load_average()
+    args.json.write_text(
+        json.dumps(
+            {"conditions": conditions, "summary_median_speedup": summary, **to_json(results)},
+            indent=2,
+        )
+    )
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
