@@ -35,6 +35,8 @@ RUNTIME_KEYS = (
     "draft_num_predict",
 )
 DEFAULT_DRAFT_LEN = {DRAFT_MODEL: 4, DRAFT_MTP: 4, DRAFT_MTP_DRAFTER: 4, DRAFT_NGRAM: 8}
+# A caller-supplied prediction costs nothing to draft: allow long drafts (adaptive trims them).
+PREDICTION_DRAFT_LEN = 16
 
 
 @dataclass
@@ -59,6 +61,7 @@ def plan(
     *,
     num_threads: int = 0,
     embedding: bool = False,
+    prediction: bool = False,
 ) -> Plan:
     if view.model_path is None or view.info is None:
         raise BadRequest(f"model '{view.name.display}' has no GGUF weights to load")
@@ -100,7 +103,11 @@ def plan(
     if config["n_batch"] < bound + 1:
         raise BadRequest(f"num_batch {config['n_batch']} must be at least draft_num_predict + 1")
     runtime = {k: opts[k] for k in RUNTIME_KEYS if k in opts}
-    if "draft_num_predict" in runtime:
+    if prediction:
+        # A request with a prediction drafts from it whatever the model's DRAFT is.
+        limit = int(runtime.get("draft_num_predict", PREDICTION_DRAFT_LEN))
+        runtime["draft_num_predict"] = min(limit, config["n_batch"] - 1)
+    elif "draft_num_predict" in runtime:
         runtime["draft_num_predict"] = min(int(runtime["draft_num_predict"]), bound)
     if "stop" in runtime and isinstance(runtime["stop"], str):
         runtime["stop"] = [runtime["stop"]]

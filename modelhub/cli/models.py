@@ -150,8 +150,15 @@ def show(model: str, fields: tuple[str, ...], verbose: bool) -> None:
 
 @click.command("list")
 @click.argument("prefix", required=False)
-def list_models(prefix: str | None) -> None:
+@click.option("--catalog", is_flag=True, help="List the catalog of pullable names instead.")
+def list_models(prefix: str | None, catalog: bool) -> None:
     """List models (optionally only those whose name starts with PREFIX). Alias: ls."""
+    if catalog:
+        rows = connect().request_json("GET", "/api/catalog")["models"]
+        if prefix:
+            rows = [r for r in rows if str(r["name"]).lower().startswith(prefix.lower())]
+        _echo_raw(render.catalog_table(rows))
+        return
     models: list[Any] = connect().list()
     if prefix:
         models = render.filter_by_prefix(models, prefix)

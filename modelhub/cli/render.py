@@ -282,3 +282,21 @@ def show_summary(info: Mapping[str, Any], *, verbose: bool = False) -> str:
             ]
             sections.append(_section("Tensors", rows))
     return "\n".join(sections)
+
+
+def catalog_table(rows: list[dict[str, Any]]) -> str:
+    """``modelhub list --catalog``: what can be pulled by short name, and how far it is trusted."""
+    table: list[list[str]] = []
+    for row in rows:
+        size = row.get("size")
+        table.append(
+            [
+                str(row["name"]),
+                format_size(int(size)) if size else "-",
+                str(row.get("parameter_size") or "-"),
+                str(row.get("quantization_level") or "-"),
+                ", ".join(row.get("drafts") or []) or "-",
+                "pinned" if row.get("verified") else "not verified here (digest from the source)",
+            ]
+        )
+    return format_table(["NAME", "SIZE", "PARAMS", "QUANT", "DRAFTS", "DIGEST"], table)

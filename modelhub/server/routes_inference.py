@@ -172,7 +172,8 @@ async def generate(request: Request) -> Response:
         return await _unload_reply(state, view, raw, chat=False)
     if not prompt and not suffix:
         return await _load_reply(state, view, raw, False, options, keep_alive)
-    p = plan(view, options, num_threads=state.settings.num_threads)
+    prediction = data.get("prediction") if isinstance(data.get("prediction"), str) else None
+    p = plan(view, options, num_threads=state.settings.num_threads, prediction=bool(prediction))
     if raw_mode:
         text = prompt
     else:
@@ -191,7 +192,7 @@ async def generate(request: Request) -> Response:
         "context": context or None,
         "options": p.options,
         "format": fmt,
-        "prediction": data.get("prediction") if isinstance(data.get("prediction"), str) else None,
+        "prediction": prediction,
     }
     shaper = NativeShaper(
         raw,

@@ -307,3 +307,11 @@ def _dir_size(path: Any) -> int:
             if entry.is_file(follow_symlinks=False):
                 total += entry.stat(follow_symlinks=False).st_size
     return total
+
+
+@router.get("/api/catalog")
+async def catalog(request: Request) -> Response:
+    """The catalog of short names ``modelhub pull`` knows (``modelhub list --catalog``)."""
+    from modelhub.pull import default_catalog
+
+    return JSONResponse({"models": default_catalog().listing()})

@@ -138,13 +138,19 @@ def _finish(result: dict[str, Any]) -> str:
 async def _events(
     state: ServerState, request_data: dict[str, Any], prompt_text: str, view: Any, started: int
 ) -> AsyncIterator[Event]:
-    p = plan(view, _options(request_data), num_threads=state.settings.num_threads)
+    predicted = _prediction(request_data)
+    p = plan(
+        view,
+        _options(request_data),
+        num_threads=state.settings.num_threads,
+        prediction=bool(predicted),
+    )
     msg = {
         "op": "generate",
         "prompt": prompt_text,
         "options": p.options,
         "format": _format(request_data),
-        "prediction": _prediction(request_data),
+        "prediction": predicted,
     }
     keep_alive = keep_alive_seconds(request_data.get("keep_alive"))
     prompt_tokens = 0
