@@ -385,3 +385,10 @@ def _kill_daemons_for(marker: str) -> None:
             continue
         if marker.encode() in environ:
             os.kill(int(proc.name), signal.SIGTERM)
+
+
+def test_list_catalog(daemon: Daemon) -> None:
+    out = ok(daemon.cli("list", "--catalog"))
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "pinned" in rows["smollm2:135m"] and "98 MB" in rows["smollm2:135m"]
+    assert "not verified here" in rows["llama3.1:8b"] and "llama3.2:1b" in rows["llama3.1:8b"]
