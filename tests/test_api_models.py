@@ -392,3 +392,20 @@ def test_list_catalog(daemon: Daemon) -> None:
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "pinned" in rows["smollm2:135m"] and "98 MB" in rows["smollm2:135m"]
     assert "not verified here" in rows["llama3.1:8b"] and "llama3.2:1b" in rows["llama3.1:8b"]
+
+
+def test_template_is_checked_at_create(daemon: Daemon, smol: str) -> None:
+    with daemon.client() as c:
+        r = c.post(
+            "/api/create",
+            json={"model": "bad-tpl", "from": "smol", "template": "{{ if .System }}unclosed"},
+        )
+        assert r.status_code == 400 and "template error" in r.json()["error"]
+        ok_tpl = "{{ if .System }}{{ .System }}\n{{ end }}USER: {{ .Prompt }}\nASSISTANT: "
+        r = c.post(
+            "/api/create",
+            json={"model": "good-tpl", "from": "smol", "template": ok_tpl, "stream": False},
+        )
+        assert r.status_code == 200, r.text
+        assert c.post("/api/show", json={"model": "good-tpl"}).json()["template"] == ok_tpl
+        c.request("DELETE", "/api/delete", json={"model": "good-tpl"})
