@@ -360,3 +360,34 @@ def test_wrong_residual_is_detected_on_the_model(spec: Engine, chi2_setup) -> No
     prompt, exact = chi2_setup
     samples = _sampled_pairs(spec, prompt, draft_num_predict=2, acceptance_rule=_wrong_rule)
     assert _chi2_pvalue(samples, exact) < 1e-4
+
+
+# ---- prediction (OpenAI Predicted Outputs) -------------------------------------------------
+
+
+def test_prediction_of_the_exact_output_is_accepted(plain: Engine) -> None:
+    cfg = EngineConfig(
+        plain.cfg.model_path,
+        n_ctx=N_CTX,
+        n_batch=64,
+        n_threads=1,
+        draft_num_predict=8,
+        adaptive=False,
+    )
+    with Engine(cfg) as e:  # no drafter configured: the prediction is the only draft source
+        tokens = e.tokenize(PROMPTS[0])
+        expected = plain.generate(tokens, GREEDY)
+        got = e.generate(tokens, GREEDY, prediction=expected.tokens)
+        assert got.tokens == expected.tokens
+        assert got.drafter == "prediction"
+        assert got.acceptance > 0.95
+        # a prediction with an edit in the middle: still identical, re-aligned after it
+        edited = [*expected.tokens[:30], 300, 301, 302, *expected.tokens[30:]]
+        again = e.generate(tokens, GREEDY, prediction=edited)
+        assert again.tokens == expected.tokens
+        assert again.draft_accepted_count > 60
+        # a useless prediction costs acceptance, never correctness
+        junk = e.generate(tokens, GREEDY, prediction=[5] * 50)
+        assert junk.tokens == expected.tokens
+        # the next request without a prediction decodes plainly
+        assert e.generate(tokens, GREEDY).drafter is None
