@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +48,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
+# Read before modelhub.engine sets its default (PASSIVE) for this process and its children:
+# llama-server runs with the user's setting or libgomp's own, as a user would run it.
+USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 
 # Distinct first words: consecutive requests share only the chat-template prefix, so the engine's
 # prompt cache (in-process and daemon alike) reuses a handful of tokens, never a whole prompt.
@@ -182,18 +187,27 @@ def _self_cpu() -> float:
 
 
 class DaemonTarget:
-    name = "daemon"
     model_name = "bench-serving"
 
-    def __init__(self, model: Path, settings: Settings, workdir: Path) -> None:
+    def __init__(
+        self,
+        model: Path,
+        settings: Settings,
+        workdir: Path,
+        *,
+        name: str = "daemon",
+        pythonpath: str | None = None,
+    ) -> None:
+        """Start ``modelhub serve``; ``pythonpath`` runs it (and its runners) from other code."""
         from tests.conftest import start_daemon
 
+        self.name = name
         self.settings = settings
-        self.daemon = start_daemon(
-            workdir / "models",
-            workdir / "daemon.log",
-            {"MODELHUB_KEEP_ALIVE": "-1", "MODELHUB_NUM_THREADS": str(settings.threads)},
-        )
+        env = {"MODELHUB_KEEP_ALIVE": "-1", "MODELHUB_NUM_THREADS": str(settings.threads)}
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.daemon = start_daemon(workdir / "models", workdir / "daemon.log", env)
         self.client = httpx.Client(base_url=self.daemon.url, timeout=600)
         self.cpu = {"daemon": 0.0, "runner": 0.0, "client": 0.0}
         self.tokens = 0
@@ -311,8 +325,12 @@ class LlamaServer:
             *("-fa", "on", "--no-webui", "-cram", "0"),
         ]
         self.log = log
+        env = dict(os.environ)
+        env.pop("OMP_WAIT_POLICY", None)
+        if USER_OMP_WAIT_POLICY is not None:
+            env["OMP_WAIT_POLICY"] = USER_OMP_WAIT_POLICY
         with log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
         try:
             self._wait_ready()
@@ -423,31 +441,41 @@ def bench_model(model: Path, settings: Settings, args: argparse.Namespace) -> di
     prompts = [CHATML.format(p) for p in PROMPTS[: args.prompts]]
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
-        print(f"\n== {model.name}: loading in-process engine, daemon, llama-server ...", flush=True)
+        print(f"\n== {model.name}: starting every configuration ...", flush=True)
         inproc = InProcess(model, settings)
         stack.callback(inproc.close)
-        daemon = DaemonTarget(model, settings, work)
-        stack.callback(daemon.close)
-        targets: list[Target] = [inproc, daemon]
+        daemons = [DaemonTarget(model, settings, work / "daemon")]
+        stack.callback(daemons[0].close)
+        if args.candidate is not None:
+            candidate = DaemonTarget(
+                model, settings, work / "candidate", name="candidate", pythonpath=args.candidate
+            )
+            stack.callback(candidate.close)
+            daemons.append(candidate)
+        targets: list[Target] = [inproc, *daemons]
         if args.llama_server is not None:
             server = LlamaServer(args.llama_server, model, settings, work / "llama-server.log")
             stack.callback(server.close)
             targets.append(server)
         for target in targets:  # warm-up: loads the runner, allocates buffers
             target.ask(CHATML.format(WARMUP), -1)
-        daemon.reset_cpu()
+        for daemon in daemons:
+            daemon.reset_cpu()
         samples: dict[str, list[Sample]] = {t.name: [] for t in targets}
         for round_ in range(args.repeats):
             for index, prompt in enumerate(prompts):
                 for target in targets:
                     samples[target.name].append(target.ask(prompt, index))
             print(f"   round {round_ + 1}/{args.repeats} done", flush=True)
-        cpu = daemon.cpu_per_token_ms()
+        cpu = {d.name: d.cpu_per_token_ms() for d in daemons}
     return report(model, samples, len(prompts), cpu)
 
 
 def report(
-    model: Path, samples: dict[str, list[Sample]], n_prompts: int, cpu: dict[str, float]
+    model: Path,
+    samples: dict[str, list[Sample]],
+    n_prompts: int,
+    cpu: dict[str, dict[str, float]],
 ) -> dict[str, Any]:
     summary = {name: summarise(s, n_prompts) for name, s in samples.items()}
     reference = {s.prompt: s.text for s in samples["in-process"]}
@@ -478,7 +506,7 @@ def report(
         "configs": summary,
         "ratios": ratios,
         "goals": goals,
-        "daemon_cpu_ms_per_token": cpu,
+        "cpu_ms_per_token": cpu,
         "samples": {name: [asdict(x) | {"text": None} for x in s] for name, s in samples.items()},
     }
 
@@ -506,16 +534,20 @@ def print_table(result: dict[str, Any]) -> None:
         else:
             verdict, value = ("met" if goal["met"] else "MISSED"), f"{goal['value']:.3f}"
         print(f"  goal {labels[key]:<30} {goal['goal']:>7}: {value:>8}  {verdict}")
-    cpu = result["daemon_cpu_ms_per_token"]
-    print(
-        "  CPU ms per generated token through the daemon: "
-        + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
-    )
+    if "candidate" in configs:
+        cand = configs["candidate"]
+        print(
+            f"  candidate vs daemon: tok/s x{cand['tok_s'] / configs['daemon']['tok_s']:.3f}, "
+            f"TTFT {cand['ttft_ms'] - configs['daemon']['ttft_ms']:+.1f} ms"
+        )
+    for name, cpu in result["cpu_ms_per_token"].items():
+        print(
+            f"  CPU ms per generated token, {name}: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+        )
 
 
 def conditions(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    import llama_cpp
-
     cpu_model = ""
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -531,8 +563,13 @@ def conditions(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "load_average": os.getloadavg(),
         "python": platform.python_version(),
-        "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
+        "omp_wait_policy": {
+            "engine": os.environ.get("OMP_WAIT_POLICY", "PASSIVE (modelhub's default)"),
+            "llama_server": USER_OMP_WAIT_POLICY or "libgomp's default (spin, then sleep)",
+        },
         "llama_server": str(args.llama_server) if args.llama_server else None,
+        "candidate_pythonpath": args.candidate,
         "goals": {
             "daemon_tok_s_vs_in_process": GOAL_VS_IN_PROCESS,
             "daemon_tok_s_vs_llama_server": GOAL_VS_LLAMA_SERVER,
@@ -554,6 +591,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=[2, 3])
     parser.add_argument("--llama-server", type=Path, help="path of a llama.cpp llama-server")
+    parser.add_argument(
+        "--candidate",
+        metavar="PYTHONPATH",
+        help="also run a second daemon with this PYTHONPATH (a patched copy of modelhub, extra "
+        "packages) and measure it as 'candidate' beside 'daemon'",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     for name in ("threads", "num_ctx", "num_predict", "repeats"):
@@ -573,6 +616,12 @@ def _models(args: argparse.Namespace) -> Iterator[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the daemon, llama-server and temp store are cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # First import of llama.cpp in this process: through the engine, so its process-wide
+    # settings (OpenMP wait policy) hold for the in-process engine as they do in a runner.
+    import modelhub.engine.llama  # noqa: F401
+
     settings = Settings(args.threads, args.num_ctx, args.num_predict)
     results: dict[str, Any] = {"conditions": conditions(args, settings), "models": []}
     for model in list(_models(args)):
