@@ -185,3 +185,19 @@ def test_grammar_requests_decode_without_drafting(
     )
     assert got.drafter is None and got.draft_count == 0
     assert got.text.lstrip()[:1] in '{["-0123456789tfn'
+
+
+def test_prediction_identity(
+    plain: Engine, prompts: list[list[int]], reference: list[GenerateResult]
+) -> None:
+    """OpenAI-style predicted output: the engine's own earlier answer, and an edit's source."""
+    for prompt, expected in zip(prompts, reference, strict=True):
+        got = plain.generate(prompt, greedy(8), prediction=expected.tokens)
+        assert got.tokens == expected.tokens
+        assert got.drafter == "prediction" and got.acceptance > 0.95
+    rewrite = plain.tokenize(chat(REWRITE))
+    expected = plain.generate(rewrite, greedy(n=120))
+    source = plain.tokenize(REWRITE.split("\n\n", 1)[1], add_special=False)
+    got = plain.generate(rewrite, greedy(8, n=120), prediction=source)
+    assert got.tokens == expected.tokens
+    assert got.draft_accepted_count > 10

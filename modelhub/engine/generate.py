@@ -486,13 +486,17 @@ class Engine:
                 self.ctx.truncate(resume)
                 del self._cached[resume:]
                 reuse = resume
+        # Everything but the last token in n_batch chunks, then the last token alone: its logits
+        # (the first generated token) then come from a one-row decode whatever was cached, and
+        # large batches take different CPU kernels than small ones (not bitwise equal).
         step = self.ctx.n_batch
-        for start in range(reuse, len(prompt), step):
+        bounds = [(a, min(a + step, len(prompt) - 1)) for a in range(reuse, len(prompt) - 1, step)]
+        bounds.append((len(prompt) - 1, len(prompt)))
+        for start, end in bounds:
             if committer.cancelled():
                 break
-            chunk = prompt[start : start + step]
-            last = start + step >= len(prompt)
-            self.ctx.decode(chunk, start, "last" if last else "none")
+            chunk = prompt[start:end]
+            self.ctx.decode(chunk, start, "last" if end == len(prompt) else "none")
             self._cached.extend(chunk)
             if isinstance(self.drafter, TargetObserver):
                 self.drafter.observe_target(chunk, start)
