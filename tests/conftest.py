@@ -33,7 +33,8 @@ class Daemon:
     log: Path
 
     def client(self, **kw: object) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=120, **kw)  # type: ignore[arg-type]
+        kw.setdefault("timeout", 120)
+        return httpx.Client(base_url=self.url, **kw)  # type: ignore[arg-type]
 
     def cli(
         self, *args: str, input: str | None = None, cwd: Path | None = None, timeout: float = 300

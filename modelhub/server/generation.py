@@ -7,12 +7,15 @@ with an ``{"error": ...}`` line. A client that disconnects cancels the request i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from modelhub.errors import ModelhubError
@@ -53,8 +56,42 @@ def ndjson(obj: dict[str, Any]) -> bytes:
 Shape = Callable[[Event], dict[str, Any] | None]
 
 
+class ClientGone(ModelhubError):
+    status = 499
+
+
+async def collect(
+    events: AsyncIterator[Event], request: Request, *, first_token_only: bool
+) -> list[Event]:
+    """Read events (up to the first token, or all) while watching for a client hang-up.
+
+    Before a response has started nothing else notices a disconnect, so a client that gives up
+    while queued, loading or evaluating its prompt would otherwise keep the runner busy.
+    """
+    got: list[Event] = []
+
+    async def read() -> None:
+        async for event in events:
+            got.append(event)
+            if first_token_only and event.get("event") in ("token", "done"):
+                return
+
+    task = asyncio.create_task(read())
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.1)
+        if done:
+            task.result()  # re-raises a ModelhubError from the runner
+            return got
+        if await request.is_disconnected():
+            task.cancel()  # unwinds the runner request: it sends "cancel" to the runner
+            with contextlib.suppress(asyncio.CancelledError, ModelhubError):
+                await task
+            raise ClientGone("request canceled")
+
+
 async def respond(
     events: AsyncIterator[Event],
+    request: Request,
     *,
     stream: bool,
     chunk: Shape,
@@ -66,12 +103,8 @@ async def respond(
     Events are buffered until the first token (or the end), so that every failure before
     generation starts (unknown model, load error, prompt too long) keeps its HTTP status.
     """
-    head: list[Event] = []
     try:
-        async for event in events:
-            head.append(event)
-            if event.get("event") in ("token", "done"):
-                break
+        head = await collect(events, request, first_token_only=stream)
     except ModelhubError as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status)
 

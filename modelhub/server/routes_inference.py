@@ -202,7 +202,7 @@ async def generate(request: Request) -> Response:
         record=lambda r: state.metrics.record(view.name.display, r),
     )
     events = run_on_runner(state, p, keep_alive, msg, started)
-    return await respond(events, stream=stream, chunk=shaper.chunk, final=shaper.final)
+    return await respond(events, request, stream=stream, chunk=shaper.chunk, final=shaper.final)
 
 
 def _done_reason(result: dict[str, Any]) -> str:
@@ -291,7 +291,7 @@ async def chat(request: Request) -> Response:
         record=lambda r: state.metrics.record(view.name.display, r),
     )
     events = run_on_runner(state, p, keep_alive, msg, started)
-    return await respond(events, stream=stream, chunk=shaper.chunk, final=shaper.final)
+    return await respond(events, request, stream=stream, chunk=shaper.chunk, final=shaper.final)
 
 
 async def embed_texts(

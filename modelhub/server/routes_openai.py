@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from modelhub.errors import BadRequest, ModelhubError, NotFound
 from modelhub.inference import keep_alive_seconds, plan
-from modelhub.server.generation import run_on_runner
+from modelhub.server.generation import collect, run_on_runner
 from modelhub.server.requests import field, read_json
 from modelhub.server.routes_inference import (
     _normalise,
@@ -198,11 +198,8 @@ async def _run(request: Request, chat: bool) -> Response:
         stream = field(data, "stream", bool, False)
         include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
         events = _events(state, data, text, view, started)
-        head: list[Event] = []
-        async for ev in events:  # up to the first token: errors keep their status
-            head.append(ev)
-            if ev.get("event") in ("token", "done"):
-                break
+        # Up to the first token (or everything, unstreamed): errors keep their status.
+        head = await collect(events, request, first_token_only=stream)
     except ModelhubError as exc:
         return openai_error(exc)
 
