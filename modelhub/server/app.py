@@ -88,7 +88,9 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
 
 
 def build_asgi(settings: Settings, state: ServerState | None = None) -> GuardMiddleware:
-    return GuardMiddleware(create_app(settings, state), origins=settings.origins)
+    # The name the daemon was told to listen on is, by definition, a name for this machine.
+    hosts = (settings.host,) if settings.host else ()
+    return GuardMiddleware(create_app(settings, state), origins=settings.origins, hosts=hosts)
 
 
 def serve(settings: Settings) -> None:
