@@ -95,3 +95,10 @@ def test_refusals_are_clear_and_never_crash(files: dict[str, Path]) -> None:
     with pytest.raises(DraftError, match="no MTP"):
         Engine(_cfg(files["llama"], draft_kind="mtp"))
     assert nextn_api() is not None  # this build has the staging API
+
+
+def test_external_mtp_drafter_file_serves_without_drafting(files: dict[str, Path]) -> None:
+    with Engine(_cfg(files["one"], draft_kind="mtp", draft_path=files["llama"])) as e:
+        assert e.drafting_disabled is not None and "not supported" in e.drafting_disabled
+        r = e.generate(e.tokenize(PROMPTS[0]), greedy(n=10))
+        assert len(r.tokens) == 10 and r.drafter is None

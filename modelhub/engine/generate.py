@@ -230,7 +230,7 @@ class Engine:
         _validate_config(cfg)
         self.cfg = cfg
         self.n_threads = cfg.n_threads if cfg.n_threads > 0 else default_threads()
-        want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0
+        want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0 and not cfg.draft_path
         self.model = LlamaModel(Path(cfg.model_path), load_mtp=want_mtp)
         train = self.model.n_ctx_train
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
@@ -242,7 +242,14 @@ class Engine:
         self._lock = threading.Lock()
         self._embed_ctx: LlamaContext | None = None
         self.drafting_disabled: str | None = None
-        if self.model.is_recurrent or self.model.is_hybrid:
+        if cfg.draft_kind == "mtp" and cfg.draft_path is not None:
+            # gemma4-assistant style drafters share the target's KV cache through ctx_other;
+            # that path is not implemented (or testable here): serve without drafting.
+            self.drafting_disabled = (
+                f"external MTP drafter files ({Path(cfg.draft_path).name}) are not supported "
+                "by this engine yet"
+            )
+        elif self.model.is_recurrent or self.model.is_hybrid:
             # Partial KV removal is impossible there; checkpoints are not implemented.
             self.drafting_disabled = (
                 f"{self.model.architecture} keeps recurrent state that cannot be rolled back"
