@@ -18,12 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-# llama.cpp's CPU backend is built with OpenMP here; OpenMP threads spin at every barrier by
-# default, and on a shared CPU (a desktop, a CI runner, several models) a descheduled thread
-# then stalls the others: measured 0.5 vs 14 tok/s on a busy 2-core machine. Sleeping waits
-# cost little on an idle machine. Read once when the library loads; the user's setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
