@@ -17,9 +17,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import llama_cpp
 import numpy as np
@@ -27,7 +26,15 @@ import numpy.typing as npt
 
 from modelhub.engine.grammar import GrammarConstraint
 from modelhub.engine.llama import LlamaContext, LlamaModel, default_threads
-from modelhub.engine.sampling import Sampler, SamplingParams
+from modelhub.engine.options import (
+    DoneReason,
+    EngineConfig,
+    GenerateOptions,
+    GenerateResult,
+    TokenEvent,
+    validate_config,
+)
+from modelhub.engine.sampling import Sampler
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Drafter
 from modelhub.engine.speculative.draft_model import common_prefix
@@ -39,177 +46,19 @@ from modelhub.engine.speculative.factory import (
     make_drafter,
     prediction_drafter,
 )
-from modelhub.engine.speculative.verify import AcceptanceRule, rejection_step
-from modelhub.engine.textstream import TextStream
+from modelhub.engine.textstream import Committer
 from modelhub.errors import BadRequest, ModelhubError
 
+__all__ = [
+    "DoneReason",
+    "Engine",
+    "EngineConfig",
+    "GenerateOptions",
+    "GenerateResult",
+    "TokenEvent",
+]
+
 log = logging.getLogger("modelhub.engine")
-
-DraftKind = Literal["none", "draft_model", "mtp", "ngram"]
-DoneReason = Literal["stop", "length", "cancel"]
-
-
-@dataclass
-class EngineConfig:
-    """Load-time settings (changing one means loading the model again).
-
-    ``n_threads`` 0 means every core this process may use. ``draft_num_predict`` is the upper
-    bound K on drafts per round (0 disables drafting); with ``adaptive`` the engine picks K in
-    ``0..draft_num_predict`` from measured costs and acceptance. ``draft_min`` discards proposals
-    shorter than that; ``draft_p_min`` stops a draft model once its top probability falls below
-    it. ``draft_path`` is the draft GGUF for ``draft_model`` (for ``mtp`` it is unused: the
-    target's own NextN heads draft). ``draft_n_ctx`` caps the draft model's context (0: the
-    target's); once a sequence outgrows it, that request continues without drafting.
-    """
-
-    model_path: Path
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int = 0
-    draft_kind: DraftKind = "none"
-    draft_path: Path | None = None
-    draft_num_predict: int = 4
-    draft_min: int = 0
-    draft_p_min: float = 0.0
-    adaptive: bool = True
-    embedding: bool = False
-    draft_n_ctx: int = 0
-
-
-@dataclass
-class GenerateOptions:
-    """Per-request options (Ollama's runtime options, ollama-compat.md §1.6).
-
-    ``num_predict`` < 0 means no limit but the context. ``seed`` < 0 or None draws a random seed.
-    ``grammar`` is GBNF text (see ``grammar.format_grammar`` for Ollama's ``format``); a
-    constrained request is decoded without drafting. ``draft_num_predict`` overrides the engine's
-    bound for this request (0 turns drafting off). ``acceptance_rule`` is the rejection-sampling
-    step; it is a parameter only so that tests can prove a wrong rule is detected.
-    ``sampling_verify`` selects how sampled requests verify drafts: ``"rejection"`` (rejection
-    sampling, the default) or ``"compare"`` (sample the target, accept while it equals the
-    draft: llama.cpp's rule, kept for benchmarks).
-    """
-
-    num_predict: int = -1
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.9
-    min_p: float = 0.0
-    typical_p: float = 1.0
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    grammar: str | None = None
-    draft_num_predict: int | None = None
-    acceptance_rule: AcceptanceRule = rejection_step
-    sampling_verify: Literal["rejection", "compare"] = "rejection"
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            typical_p=self.typical_p,
-            repeat_penalty=self.repeat_penalty,
-            repeat_last_n=self.repeat_last_n,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
-
-
-@dataclass
-class TokenEvent:
-    """One emitted token. ``text`` is what is safe to show now: incomplete UTF-8 sequences and a
-    possible beginning of a stop string are held back and arrive with later events. At the end,
-    held-back text that turned out not to be a stop string arrives in an event with
-    ``token == -1``. ``drafted`` is True when the token came from an accepted draft."""
-
-    token: int
-    text: str
-    drafted: bool
-
-
-@dataclass
-class GenerateResult:
-    """The outcome of one request.
-
-    ``tokens`` are the generated ids (without a final end-of-generation token); ``text`` is their
-    text cut before any stop string. ``prompt_eval_count`` counts the prompt tokens actually
-    evaluated (a prefix reused from the previous request is not); durations are nanoseconds.
-    Draft statistics follow SPEC-09: ``draft_count`` tokens proposed, ``draft_accepted_count``
-    of them kept (bonus tokens excluded), ``draft_steps`` rounds that verified drafts.
-    """
-
-    tokens: list[int]
-    text: str
-    done_reason: DoneReason
-    prompt_eval_count: int
-    prompt_eval_duration_ns: int
-    eval_count: int
-    eval_duration_ns: int
-    draft_count: int = 0
-    draft_accepted_count: int = 0
-    draft_steps: int = 0
-    draft_time_ns: int = 0
-    verify_time_ns: int = 0
-    drafter: str | None = None
-
-    @property
-    def acceptance(self) -> float:
-        return self.draft_accepted_count / self.draft_count if self.draft_count else 0.0
-
-
-class _Committer:
-    """Commits tokens one at a time: stop strings, end of generation, num_predict, cancel."""
-
-    def __init__(
-        self,
-        model: LlamaModel,
-        options: GenerateOptions,
-        on_token: Callable[[TokenEvent], None] | None,
-        cancel: threading.Event | None,
-    ) -> None:
-        self._model = model
-        self._stream = TextStream(options.stop)
-        self._limit = options.num_predict
-        self._on_token = on_token
-        self._cancel = cancel
-        self.generated: list[int] = []
-        self.done: DoneReason | None = None
-
-    def commit(self, token: int, drafted: bool) -> bool:
-        """Emit ``token``; False when generation ends with it."""
-        if self._model.is_eog(token):
-            self.done = "stop"
-            return False
-        self.generated.append(token)
-        text = self._stream.push(self._model.token_piece_bytes(token))
-        if self._on_token is not None:
-            self._on_token(TokenEvent(token, text, drafted))
-        if self._stream.stopped:
-            self.done = "stop"
-        elif 0 <= self._limit <= len(self.generated):
-            self.done = "length"
-        elif self.cancelled():
-            self.done = "cancel"
-        return self.done is None
-
-    def cancelled(self) -> bool:
-        return self._cancel is not None and self._cancel.is_set()
-
-    def finish(self) -> str:
-        tail = self._stream.finish()
-        if tail and self._on_token is not None:
-            self._on_token(TokenEvent(-1, tail, False))
-        return self._stream.text
-
-    @property
-    def remaining(self) -> int | None:
-        return None if self._limit < 0 else self._limit - len(self.generated)
 
 
 @dataclass
@@ -227,7 +76,7 @@ class Engine:
     def __init__(self, cfg: EngineConfig, *, drafter: Drafter | None = None) -> None:
         """Load the target (and the configured drafter). ``drafter`` replaces the configured
         one (any ``base.Drafter``; used by tests with scripted drafters and by embedders)."""
-        _validate_config(cfg)
+        validate_config(cfg)
         self.cfg = cfg
         self.n_threads = cfg.n_threads if cfg.n_threads > 0 else default_threads()
         want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0 and not cfg.draft_path
@@ -313,7 +162,7 @@ class Engine:
             seed=options.seed,
             constraint=constraint,
         )
-        committer = _Committer(self.model, options, on_token, cancel)
+        committer = Committer(self.model, options, on_token, cancel)
         drafter, k_max = self._request_drafter(options, prediction)
 
         t_start = time.perf_counter_ns()
@@ -354,7 +203,7 @@ class Engine:
         self,
         tokens: list[int],
         sampler: Sampler,
-        committer: _Committer,
+        committer: Committer,
         drafter: Drafter | None,
         controller: AdaptiveDraftLength | None,
         k_max: int,
@@ -458,7 +307,7 @@ class Engine:
         return _Round(new, len(drafts), len(new) - 1)
 
     def _commit_round(
-        self, tokens: list[int], rnd: _Round, committer: _Committer, sampler: Sampler
+        self, tokens: list[int], rnd: _Round, committer: Committer, sampler: Sampler
     ) -> int:
         """Commit the round's tokens in order and cut the caches back; returns how many."""
         n_past = len(tokens) - 1
@@ -479,7 +328,7 @@ class Engine:
             del self._cached[keep:]
         return count
 
-    def _prefill(self, prompt: list[int], committer: _Committer) -> int:
+    def _prefill(self, prompt: list[int], committer: Committer) -> int:
         """Evaluate what the cache does not already hold; the last prompt token always."""
         reuse = min(common_prefix(self._cached, prompt), len(prompt) - 1)
         if reuse < len(self._cached):
@@ -510,7 +359,7 @@ class Engine:
         return len(self._cached) - reuse
 
     def _finish(
-        self, result: GenerateResult, committer: _Committer, reason: DoneReason, t_gen: int
+        self, result: GenerateResult, committer: Committer, reason: DoneReason, t_gen: int
     ) -> GenerateResult:
         result.text = committer.finish()
         result.tokens = committer.generated
@@ -613,22 +462,3 @@ class Engine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _validate_config(cfg: EngineConfig) -> None:
-    if cfg.n_ctx < 8:
-        raise BadRequest(f"num_ctx={cfg.n_ctx} is too small: use at least 8")
-    if cfg.n_batch < 1:
-        raise BadRequest(f"num_batch={cfg.n_batch} must be at least 1")
-    if cfg.draft_num_predict < 0:
-        raise BadRequest("draft_num_predict must be 0 (off) or positive")
-    if cfg.draft_kind != "none" and cfg.draft_num_predict + 1 > cfg.n_batch:
-        raise BadRequest(
-            f"draft_num_predict={cfg.draft_num_predict} needs num_batch >= "
-            f"{cfg.draft_num_predict + 1} (the pending token plus every draft in one batch); "
-            f"num_batch is {cfg.n_batch}"
-        )
-    if not 0.0 <= cfg.draft_p_min <= 1.0:
-        raise BadRequest(f"draft_p_min={cfg.draft_p_min} must be between 0 and 1")
-    if cfg.draft_kind == "draft_model" and cfg.draft_path is None:
-        raise BadRequest("draft_kind 'draft_model' needs draft_path")

@@ -9,7 +9,14 @@ text before it is released and nothing after it ever is.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from modelhub.engine.options import DoneReason, GenerateOptions, TokenEvent
+
+if TYPE_CHECKING:
+    from modelhub.engine.llama import LlamaModel
 
 
 class TextStream:
@@ -70,3 +77,52 @@ class TextStream:
                     longest = n
                     break
         return longest
+
+
+class Committer:
+    """Commits tokens one at a time: stop strings, end of generation, num_predict, cancel."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        options: GenerateOptions,
+        on_token: Callable[[TokenEvent], None] | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        self._model = model
+        self._stream = TextStream(options.stop)
+        self._limit = options.num_predict
+        self._on_token = on_token
+        self._cancel = cancel
+        self.generated: list[int] = []
+        self.done: DoneReason | None = None
+
+    def commit(self, token: int, drafted: bool) -> bool:
+        """Emit ``token``; False when generation ends with it."""
+        if self._model.is_eog(token):
+            self.done = "stop"
+            return False
+        self.generated.append(token)
+        text = self._stream.push(self._model.token_piece_bytes(token))
+        if self._on_token is not None:
+            self._on_token(TokenEvent(token, text, drafted))
+        if self._stream.stopped:
+            self.done = "stop"
+        elif 0 <= self._limit <= len(self.generated):
+            self.done = "length"
+        elif self.cancelled():
+            self.done = "cancel"
+        return self.done is None
+
+    def cancelled(self) -> bool:
+        return self._cancel is not None and self._cancel.is_set()
+
+    def finish(self) -> str:
+        tail = self._stream.finish()
+        if tail and self._on_token is not None:
+            self._on_token(TokenEvent(-1, tail, False))
+        return self._stream.text
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self._limit < 0 else self._limit - len(self.generated)

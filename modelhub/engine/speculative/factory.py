@@ -23,7 +23,7 @@ from modelhub.engine.speculative.ngram import NgramDrafter, NgramPool
 from modelhub.errors import DraftError
 
 if TYPE_CHECKING:
-    from modelhub.engine.generate import EngineConfig
+    from modelhub.engine.options import EngineConfig
 
 log = logging.getLogger("modelhub.engine")
 

@@ -1,0 +1,151 @@
+"""What the engine takes and returns: load settings, request options, events and results.
+
+These are the engine's public API (the runner and the benchmarks build them); see
+:class:`modelhub.engine.generate.Engine` for the behaviour behind them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from modelhub.engine.sampling import SamplingParams
+from modelhub.engine.speculative.verify import AcceptanceRule, rejection_step
+from modelhub.errors import BadRequest
+
+DraftKind = Literal["none", "draft_model", "mtp", "ngram"]
+DoneReason = Literal["stop", "length", "cancel"]
+
+
+@dataclass
+class EngineConfig:
+    """Load-time settings (changing one means loading the model again).
+
+    ``n_threads`` 0 means every core this process may use. ``draft_num_predict`` is the upper
+    bound K on drafts per round (0 disables drafting); with ``adaptive`` the engine picks K in
+    ``0..draft_num_predict`` from measured costs and acceptance. ``draft_min`` discards proposals
+    shorter than that; ``draft_p_min`` stops a draft model once its top probability falls below
+    it. ``draft_path`` is the draft GGUF for ``draft_model`` (for ``mtp`` it is unused: the
+    target's own NextN heads draft). ``draft_n_ctx`` caps the draft model's context (0: the
+    target's); once a sequence outgrows it, that request continues without drafting.
+    """
+
+    model_path: Path
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0
+    draft_kind: DraftKind = "none"
+    draft_path: Path | None = None
+    draft_num_predict: int = 4
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    adaptive: bool = True
+    embedding: bool = False
+    draft_n_ctx: int = 0
+
+
+@dataclass
+class GenerateOptions:
+    """Per-request options (Ollama's runtime options, ollama-compat.md §1.6).
+
+    ``num_predict`` < 0 means no limit but the context. ``seed`` < 0 or None draws a random seed.
+    ``grammar`` is GBNF text (see ``grammar.format_grammar`` for Ollama's ``format``); a
+    constrained request is decoded without drafting. ``draft_num_predict`` overrides the engine's
+    bound for this request (0 turns drafting off). ``acceptance_rule`` is the rejection-sampling
+    step; it is a parameter only so that tests can prove a wrong rule is detected.
+    ``sampling_verify`` selects how sampled requests verify drafts: ``"rejection"`` (rejection
+    sampling, the default) or ``"compare"`` (sample the target, accept while it equals the
+    draft: llama.cpp's rule, kept for benchmarks).
+    """
+
+    num_predict: int = -1
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    grammar: str | None = None
+    draft_num_predict: int | None = None
+    acceptance_rule: AcceptanceRule = rejection_step
+    sampling_verify: Literal["rejection", "compare"] = "rejection"
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            typical_p=self.typical_p,
+            repeat_penalty=self.repeat_penalty,
+            repeat_last_n=self.repeat_last_n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
+
+
+@dataclass
+class TokenEvent:
+    """One emitted token. ``text`` is what is safe to show now: incomplete UTF-8 sequences and a
+    possible beginning of a stop string are held back and arrive with later events. At the end,
+    held-back text that turned out not to be a stop string arrives in an event with
+    ``token == -1``. ``drafted`` is True when the token came from an accepted draft."""
+
+    token: int
+    text: str
+    drafted: bool
+
+
+@dataclass
+class GenerateResult:
+    """The outcome of one request.
+
+    ``tokens`` are the generated ids (without a final end-of-generation token); ``text`` is their
+    text cut before any stop string. ``prompt_eval_count`` counts the prompt tokens actually
+    evaluated (a prefix reused from the previous request is not); durations are nanoseconds.
+    Draft statistics follow SPEC-09: ``draft_count`` tokens proposed, ``draft_accepted_count``
+    of them kept (bonus tokens excluded), ``draft_steps`` rounds that verified drafts.
+    """
+
+    tokens: list[int]
+    text: str
+    done_reason: DoneReason
+    prompt_eval_count: int
+    prompt_eval_duration_ns: int
+    eval_count: int
+    eval_duration_ns: int
+    draft_count: int = 0
+    draft_accepted_count: int = 0
+    draft_steps: int = 0
+    draft_time_ns: int = 0
+    verify_time_ns: int = 0
+    drafter: str | None = None
+
+    @property
+    def acceptance(self) -> float:
+        return self.draft_accepted_count / self.draft_count if self.draft_count else 0.0
+
+
+def validate_config(cfg: EngineConfig) -> None:
+    if cfg.n_ctx < 8:
+        raise BadRequest(f"num_ctx={cfg.n_ctx} is too small: use at least 8")
+    if cfg.n_batch < 1:
+        raise BadRequest(f"num_batch={cfg.n_batch} must be at least 1")
+    if cfg.draft_num_predict < 0:
+        raise BadRequest("draft_num_predict must be 0 (off) or positive")
+    if cfg.draft_kind != "none" and cfg.draft_num_predict + 1 > cfg.n_batch:
+        raise BadRequest(
+            f"draft_num_predict={cfg.draft_num_predict} needs num_batch >= "
+            f"{cfg.draft_num_predict + 1} (the pending token plus every draft in one batch); "
+            f"num_batch is {cfg.n_batch}"
+        )
+    if not 0.0 <= cfg.draft_p_min <= 1.0:
+        raise BadRequest(f"draft_p_min={cfg.draft_p_min} must be between 0 and 1")
+    if cfg.draft_kind == "draft_model" and cfg.draft_path is None:
+        raise BadRequest("draft_kind 'draft_model' needs draft_path")
