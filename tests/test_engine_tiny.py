@@ -391,3 +391,32 @@ def test_prediction_of_the_exact_output_is_accepted(plain: Engine) -> None:
         assert junk.tokens == expected.tokens
         # the next request without a prediction decodes plainly
         assert e.generate(tokens, GREEDY).drafter is None
+
+
+class NeverRight:
+    """A scripted drafter whose guesses are never what the target wants."""
+
+    kind = "scripted"
+
+    def begin(self, tokens: Sequence[int]) -> None:
+        pass
+
+    def propose(
+        self, tokens: Sequence[int], max_tokens: int, probs: ProbabilityFn | None = None
+    ) -> Proposal:
+        return Proposal([0] * max_tokens)  # <unk>: the tiny models never predict it
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        pass
+
+
+def test_a_draft_that_is_never_right(pair: tuple[Path, Path], plain: Engine) -> None:
+    cfg = EngineConfig(pair[0], n_ctx=N_CTX, n_batch=64, n_threads=1, draft_num_predict=8)
+    with Engine(cfg, drafter=NeverRight()) as e:
+        for prompt in PROMPTS:
+            tokens = e.tokenize(prompt)
+            got = e.generate(tokens, _greedy(num_predict=150))
+            assert got.tokens == plain.generate(tokens, _greedy(num_predict=150)).tokens
+            assert got.draft_accepted_count == 0
+        # adaptive drafting gave up: few rounds still try (probes), most decode plainly
+        assert got.draft_steps < 20

@@ -62,9 +62,10 @@ class AdaptiveDraftLength:
         self._verify: dict[int, _Ewma] = {}
         self._draft = _Ewma(cost_alpha)
         self._decay = acceptance_decay
+        # The prior is one pseudo-trial; it fades with the evidence like any old round.
         self._prior = prior_acceptance
-        self._acc_hits = 0.0
-        self._acc_trials = 0.0
+        self._acc_hits = prior_acceptance
+        self._acc_trials = 1.0
         self._min_probe = min_probe_interval
         self._max_probe = max_probe_interval
         self._plain_rounds = 0  # consecutive rounds without drafting
@@ -75,14 +76,21 @@ class AdaptiveDraftLength:
     # ---- estimates -------------------------------------------------------------------------
     @property
     def acceptance(self) -> float:
-        """Smoothed per-draft acceptance, pulled towards the prior while evidence is thin."""
-        return (self._acc_hits + self._prior) / (self._acc_trials + 1.0)
+        """Smoothed per-draft acceptance (recent rounds weigh most; starts at the prior)."""
+        return self._acc_hits / self._acc_trials if self._acc_trials > 0 else self._prior
 
     def verify_cost(self, rows: int) -> float | None:
-        """Estimated seconds to verify ``rows`` rows (None until anything was measured)."""
+        """Estimated seconds to verify ``rows`` rows (None until anything was measured).
+
+        Never less than the estimate for fewer rows: more rows cannot be cheaper, and noisy
+        measurements must not make a wider batch look free."""
         known = sorted((n, e.value) for n, e in self._verify.items() if e.value is not None)
         if not known:
             return None
+        running = 0.0
+        for i, (n, value) in enumerate(known):
+            running = max(running, value)
+            known[i] = (n, running)
         for n, value in known:
             if n == rows:
                 return value
@@ -151,7 +159,7 @@ class AdaptiveDraftLength:
     def _probe_length(self) -> int:
         """Probe with the K that would be best if acceptance were as good as the prior hopes."""
         saved_hits, saved_trials = self._acc_hits, self._acc_trials
-        self._acc_hits, self._acc_trials = 0.0, 0.0
+        self._acc_hits, self._acc_trials = self._prior, 1.0
         try:
             k = self.best_k()
         finally:
