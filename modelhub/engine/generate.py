@@ -83,9 +83,13 @@ class Engine:
         self.model = LlamaModel(Path(cfg.model_path), load_mtp=want_mtp)
         train = self.model.n_ctx_train
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
-        self.ctx = LlamaContext(
-            self.model, n_ctx=n_ctx, n_batch=cfg.n_batch, n_threads=self.n_threads
-        )
+        try:
+            self.ctx = LlamaContext(
+                self.model, n_ctx=n_ctx, n_batch=cfg.n_batch, n_threads=self.n_threads
+            )
+        except BaseException:
+            self.model.close()
+            raise
         self.n_ctx = min(n_ctx, self.ctx.n_ctx)  # llama.cpp may round the context up
         self._cached: list[int] = []  # exactly the tokens in the target's KV cache
         self._lock = threading.Lock()
@@ -104,14 +108,15 @@ class Engine:
                 f"{self.model.architecture} keeps recurrent state that cannot be rolled back"
             )
         self.drafter: Drafter | None = drafter
-        if self.drafting_disabled is None and drafter is None:
+        if self.drafting_disabled is not None:
+            if cfg.draft_kind != "none" or drafter is not None:
+                log.warning("drafting disabled: %s", self.drafting_disabled)
+        elif drafter is None:
             try:
                 self.drafter = make_drafter(cfg, self.model, self.ctx, self.n_threads)
             except BaseException:
                 self.close()
                 raise
-        elif cfg.draft_kind != "none":
-            log.warning("drafting disabled: %s", self.drafting_disabled)
         self._controllers: dict[str, AdaptiveDraftLength] = {}
 
     # ---- text --------------------------------------------------------------------------------
