@@ -1,8 +1,8 @@
 """Serving overhead: our daemon vs the engine called in-process vs llama.cpp's llama-server.
 
     python bench/serving.py [--model smollm2-q4_1|smollm2-q8_0|PATH ...] [--threads 2]
-                            [--num-ctx 2048] [--num-predict 128] [--repeats 5]
-                            [--llama-server PATH] [--out results.json]
+                            [--num-ctx 2048] [--num-predict 128] [--repeats 5] [--prompts 3]
+                            [--llama-server PATH] [--candidate PYTHONPATH] [--out results.json]
 
 One run, one GGUF at a time, the same thread count, context size, prompts and greedy decoding
 with a fixed ``num_predict`` for every configuration:
@@ -13,6 +13,8 @@ with a fixed ``num_predict`` for every configuration:
   ``/api/generate`` with ``raw: true``; the clock starts when the request is sent.
 * ``llama-server`` (with ``--llama-server``): the same GGUF with ``-fa on``, one slot, asked
   through streaming ``/completion`` with ``cache_prompt: false``.
+* ``candidate`` (with ``--candidate``): a second daemon whose PYTHONPATH is the given one (a
+  patched copy of modelhub, extra packages), to measure a serving change against ``daemon``.
 
 Each configuration answers one warm-up request first; then the configurations take turns, prompt
 by prompt, for ``--repeats`` rounds, so slow drift of the machine hits all of them alike. Every
