@@ -114,12 +114,32 @@ def test_probes_are_rare_when_they_are_expensive() -> None:
     assert probes <= len(res.ks[50:]) * 0.05
 
 
-def test_new_request_probes_again_when_off() -> None:
+def test_new_request_probes_again_when_off_if_drafting_could_pay() -> None:
     ctl = AdaptiveDraftLength(4)
-    simulate(ctl, CPU_LIKE, lambda r: 0.0, tokens=300)
-    assert ctl.next_k() == 0 or ctl.current_k > 0
+    simulate(ctl, CHEAP_DRAFT, lambda r: 0.0, tokens=300)
+    assert not ctl.hopeless
+    while ctl.next_k() != 0:  # let a probe pass
+        ctl.record(ctl.current_k, ctl.current_k, 0, 0.004, CHEAP_DRAFT.verify(2))
+    ctl.record(0, 0, 0, 0.0, CHEAP_DRAFT.verify(1))
     ctl.new_request()
     assert ctl.next_k() > 0
+
+
+def test_a_draft_as_expensive_as_the_target_stops_probing() -> None:
+    """The costs alone rule drafting out: no probes at new requests, almost none at all."""
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CPU_LIKE, lambda r: 1.0, tokens=3000)
+    assert ctl.hopeless
+    assert sum(k > 0 for k in res.ks) <= 2 + len(res.ks) // 512  # a probe per 512 rounds
+    ctl.new_request()
+    assert ctl.next_k() == 0
+
+
+def test_exploration_measures_longer_drafts() -> None:
+    """Starting from a measured short K, the controller still finds that longer K pays."""
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CHEAP_DRAFT, lambda r: 0.95, tokens=3000)
+    assert np.median(res.ks[-100:]) >= 6
 
 
 def test_not_adaptive_always_uses_the_bound() -> None:

@@ -27,7 +27,13 @@ _MARGIN = 1.03
 # Assumed cost of each extra verified row, relative to a one-row decode, before it is measured.
 _PRIOR_ROW_SLOPE = 0.35
 # At most this share of plain-decoding time is spent on probes while drafting is off.
-_PROBE_BUDGET = 0.02
+_PROBE_BUDGET = 0.03
+# A probe drafts this many tokens: enough to measure acceptance, cheap when it fails.
+_PROBE_LENGTH = 1
+# "Could drafting ever pay?" is asked at this acceptance.
+_OPTIMISTIC_ACCEPTANCE = 0.95
+# While drafting, every this many rounds try one draft more than the current choice.
+_EXPLORE_EVERY = 8
 
 
 @dataclass
@@ -70,7 +76,7 @@ class AdaptiveDraftLength:
         self._max_probe = max_probe_interval
         self._plain_rounds = 0  # consecutive rounds without drafting
         self._probe_due = 0
-        self._last_k = -1
+        self._rounds = 0
         self.current_k = self.max_k
 
     # ---- estimates -------------------------------------------------------------------------
@@ -137,9 +143,27 @@ class AdaptiveDraftLength:
         return best_k
 
     # ---- decisions ---------------------------------------------------------------------------
+    def _with_acceptance(self, acceptance: float) -> int:
+        """best_k() as if the per-draft acceptance were ``acceptance``."""
+        saved = self._acc_hits, self._acc_trials
+        self._acc_hits, self._acc_trials = acceptance, 1.0
+        try:
+            return self.best_k()
+        finally:
+            self._acc_hits, self._acc_trials = saved
+
+    @property
+    def hopeless(self) -> bool:
+        """True when drafting could not pay even if nearly every draft were accepted: the
+        costs alone rule it out (a draft as expensive as the target), so probing is pointless."""
+        if self.verify_cost(1) is None or self._draft.value is None:
+            return False
+        return self._with_acceptance(_OPTIMISTIC_ACCEPTANCE) == 0
+
     def new_request(self) -> None:
-        """A request starts: if drafting is off, probe once early (the content changed)."""
-        if self.adaptive and self.current_k == 0:
+        """A request starts: with drafting off, probe once early (the content changed) unless
+        the costs alone already rule drafting out."""
+        if self.adaptive and self.current_k == 0 and not self.hopeless:
             self._probe_due = min(self._probe_due, self._plain_rounds)
 
     def next_k(self) -> int:
@@ -147,24 +171,19 @@ class AdaptiveDraftLength:
         if not self.adaptive or self.max_k == 0:
             return self.max_k
         if not self._verify:
-            return self.max_k  # first round: try drafting, which measures a batched verify
-        if 1 not in self._verify:
-            return 0  # then measure plain decoding
-        k = self.best_k()
-        if k == 0 and self._plain_rounds >= self._probe_due:
-            k = max(1, min(self.max_k, self._probe_length()))
+            k = self.max_k  # first round: draft, which measures drafting and a wide verify
+        elif 1 not in self._verify:
+            k = 0  # then measure plain decoding
+        else:
+            k = self.best_k()
+            self._rounds += 1
+            if k == 0 and self._plain_rounds >= self._probe_due:
+                k = _PROBE_LENGTH
+            elif 0 < k < self.max_k and self._rounds % _EXPLORE_EVERY == 0:
+                k += 1  # now and then measure one draft more than the model knows about
+        k = min(k, self.max_k)
         self.current_k = k
         return k
-
-    def _probe_length(self) -> int:
-        """Probe with the K that would be best if acceptance were as good as the prior hopes."""
-        saved_hits, saved_trials = self._acc_hits, self._acc_trials
-        self._acc_hits, self._acc_trials = self._prior, 1.0
-        try:
-            k = self.best_k()
-        finally:
-            self._acc_hits, self._acc_trials = saved_hits, saved_trials
-        return k if k > 0 else 1
 
     def record(
         self,
@@ -174,33 +193,33 @@ class AdaptiveDraftLength:
         draft_seconds: float,
         verify_seconds: float,
     ) -> None:
-        """One round finished: ``proposed`` drafts (of ``requested``), ``accepted`` kept."""
+        """One round finished: ``proposed`` drafts (of ``requested``), ``accepted`` kept.
+
+        ``draft_seconds`` is the time spent proposing (not catching the drafter up on tokens
+        it missed); ``verify_seconds`` the time to decode and check ``proposed + 1`` rows."""
         rows = proposed + 1
         self._verify.setdefault(rows, _Ewma(self._cost_alpha)).add(max(verify_seconds, 1e-9))
-        cold = self._last_k == 0  # a drafter that sat out rounds catches up first: not a sample
-        if proposed > 0 and not cold:
-            self._draft.add(draft_seconds / proposed)
-        elif proposed > 0 and self._draft.value is None:
-            self._draft.add(draft_seconds / (proposed + 1))
         if proposed > 0:
+            self._draft.add(draft_seconds / proposed)
             self._acc_hits = self._acc_hits * self._decay + accepted
             failure = 1.0 if accepted < proposed else 0.0
             self._acc_trials = self._acc_trials * self._decay + accepted + failure
-        self._last_k = requested
         if requested == 0:
             self._plain_rounds += 1
             return
         # Should drafting turn off after this round, this is how long until the next probe.
-        self._probe_due = self._probe_interval(requested)
+        self._probe_due = self._probe_interval()
         self._plain_rounds = 0
 
-    def _probe_interval(self, k: int) -> int:
-        """Rounds to wait so that a probe costs at most ``_PROBE_BUDGET`` of decoding time."""
+    def _probe_interval(self) -> int:
+        """Rounds to wait so that probes cost at most ``_PROBE_BUDGET`` of decoding time."""
+        if self.hopeless:
+            return self._max_probe
         plain = self.verify_cost(1)
-        probe = self.verify_cost(k + 1)
+        probe = self.verify_cost(_PROBE_LENGTH + 1)
         if plain is None or probe is None:
             return self._min_probe
-        overhead = k * (self._draft.value or 0.0) + probe - plain
+        overhead = _PROBE_LENGTH * (self._draft.value or 0.0) + probe - plain
         rounds = math.ceil(overhead / (_PROBE_BUDGET * plain))
         return max(self._min_probe, min(self._max_probe, rounds))
 
