@@ -128,7 +128,7 @@ def test_new_request_probes_again_when_off_if_drafting_could_pay() -> None:
 def test_a_draft_as_expensive_as_the_target_stops_probing() -> None:
     """The costs alone rule drafting out: no probes at new requests, almost none at all."""
     ctl = AdaptiveDraftLength(8)
-    res = simulate(ctl, CPU_LIKE, lambda r: 1.0, tokens=3000)
+    res = simulate(ctl, CPU_LIKE, lambda r: 0.9, tokens=3000)
     assert ctl.hopeless
     assert sum(k > 0 for k in res.ks) <= 2 + len(res.ks) // 512  # a probe per 512 rounds
     ctl.new_request()
