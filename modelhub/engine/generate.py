@@ -199,7 +199,6 @@ class Engine:
                 drafter.reseed(None if seed is None else seed + 1)
             drafter.begin(prompt)
             controller = self._controller(drafter.kind, k_max)
-            controller.new_request()
         if committer.commit(first, drafted=False):
             self._loop(tokens, sampler, committer, drafter, controller, k_max, options, result)
         return self._finish(result, committer, committer.done or "stop", t_prefilled)
@@ -266,7 +265,12 @@ class Engine:
                 result.verify_time_ns += t2 - t1
             if controller is not None:
                 controller.record(
-                    k, len(drafts), rnd.accepted, (t1 - t_prep) / 1e9, (t2 - t1) / 1e9
+                    k,
+                    len(drafts),
+                    rnd.accepted,
+                    draft_seconds=(t1 - t_prep) / 1e9,
+                    verify_seconds=(t2 - t1) / 1e9,
+                    prepare_seconds=(t_prep - t0) / 1e9,
                 )
             if committer.done is not None:
                 return

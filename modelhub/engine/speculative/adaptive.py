@@ -34,6 +34,8 @@ _PROBE_LENGTH = 1
 _OPTIMISTIC_ACCEPTANCE = 0.95
 # While drafting, every this many rounds try one draft more than the current choice.
 _EXPLORE_EVERY = 8
+# Until this many rounds have verified drafts, keep probing at the shortest interval.
+_MIN_EVIDENCE = 4
 
 
 @dataclass
@@ -77,6 +79,8 @@ class AdaptiveDraftLength:
         self._plain_rounds = 0  # consecutive rounds without drafting
         self._probe_due = 0
         self._rounds = 0
+        self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
+        self._catch_up = _Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
         self.current_k = self.max_k
 
     # ---- estimates -------------------------------------------------------------------------
@@ -160,12 +164,6 @@ class AdaptiveDraftLength:
             return False
         return self._with_acceptance(_OPTIMISTIC_ACCEPTANCE) == 0
 
-    def new_request(self) -> None:
-        """A request starts: with drafting off, probe once early (the content changed) unless
-        the costs alone already rule drafting out."""
-        if self.adaptive and self.current_k == 0 and not self.hopeless:
-            self._probe_due = min(self._probe_due, self._plain_rounds)
-
     def next_k(self) -> int:
         """The draft length for the coming round."""
         if not self.adaptive or self.max_k == 0:
@@ -192,14 +190,20 @@ class AdaptiveDraftLength:
         accepted: int,
         draft_seconds: float,
         verify_seconds: float,
+        prepare_seconds: float = 0.0,
     ) -> None:
         """One round finished: ``proposed`` drafts (of ``requested``), ``accepted`` kept.
 
-        ``draft_seconds`` is the time spent proposing (not catching the drafter up on tokens
-        it missed); ``verify_seconds`` the time to decode and check ``proposed + 1`` rows."""
+        ``draft_seconds`` is the time spent proposing; ``prepare_seconds`` the time the drafter
+        spent catching up on tokens it had not seen (a draft model after rounds without
+        drafting: part of what a probe costs); ``verify_seconds`` the time to decode and check
+        ``proposed + 1`` rows."""
         rows = proposed + 1
         self._verify.setdefault(rows, _Ewma(self._cost_alpha)).add(max(verify_seconds, 1e-9))
+        if requested > 0 and self._plain_rounds > 0:
+            self._catch_up.add(prepare_seconds)
         if proposed > 0:
+            self._draft_rounds += 1
             self._draft.add(draft_seconds / proposed)
             self._acc_hits = self._acc_hits * self._decay + accepted
             failure = 1.0 if accepted < proposed else 0.0
@@ -217,9 +221,10 @@ class AdaptiveDraftLength:
             return self._max_probe
         plain = self.verify_cost(1)
         probe = self.verify_cost(_PROBE_LENGTH + 1)
-        if plain is None or probe is None:
-            return self._min_probe
+        if plain is None or probe is None or self._draft_rounds < _MIN_EVIDENCE:
+            return self._min_probe  # too little seen yet to give up on drafting for long
         overhead = _PROBE_LENGTH * (self._draft.value or 0.0) + probe - plain
+        overhead += self._catch_up.value or 0.0
         rounds = math.ceil(overhead / (_PROBE_BUDGET * plain))
         return max(self._min_probe, min(self._max_probe, rounds))
 
