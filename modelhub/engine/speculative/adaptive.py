@@ -77,7 +77,6 @@ class AdaptiveDraftLength:
         self._min_probe = min_probe_interval
         self._max_probe = max_probe_interval
         self._plain_rounds = 0  # consecutive rounds without drafting
-        self._probe_due = 0
         self._rounds = 0
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
         self._catch_up = _Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
@@ -109,17 +108,16 @@ class AdaptiveDraftLength:
         if below and above:
             (n0, v0), (n1, v1) = below[-1], above[0]
             return v0 + (v1 - v0) * (rows - n0) / (n1 - n0)
-        slope = self._slope(known)
-        n0, v0 = below[-1] if below else above[0]
-        return max(1e-9, v0 + slope * (rows - n0))
-
-    def _slope(self, known: list[tuple[int, float]]) -> float:
-        if len(known) >= 2:
-            (n0, v0), (n1, v1) = known[-2], known[-1]
-            return max(0.0, (v1 - v0) / (n1 - n0))
-        base = self._verify.get(1)
-        reference = base.value if base is not None and base.value is not None else known[0][1]
-        return _PRIOR_ROW_SLOPE * reference
+        if above:  # below every measurement: scale the smallest by the prior curve shape
+            n0, v0 = known[0]
+            s = _PRIOR_ROW_SLOPE
+            return v0 * (1.0 + s * (rows - 1)) / (1.0 + s * (n0 - 1))
+        if len(known) == 1:  # above the only measurement: the same scaling
+            n0, v0 = known[0]
+            s = _PRIOR_ROW_SLOPE
+            return v0 * (1.0 + s * (rows - 1)) / (1.0 + s * (n0 - 1))
+        (n0, v0), (n1, v1) = known[-2:]  # above: extend the last measured segment
+        return v1 + max(0.0, (v1 - v0) / (n1 - n0)) * (rows - n1)
 
     def expected_tokens(self, k: int, acceptance: float | None = None) -> float:
         a = self.acceptance if acceptance is None else acceptance
@@ -160,7 +158,7 @@ class AdaptiveDraftLength:
     def hopeless(self) -> bool:
         """True when drafting could not pay even if nearly every draft were accepted: the
         costs alone rule it out (a draft as expensive as the target), so probing is pointless."""
-        if self.verify_cost(1) is None or self._draft.value is None:
+        if 1 not in self._verify or self._draft.value is None:
             return False
         return self._with_acceptance(_OPTIMISTIC_ACCEPTANCE) == 0
 
@@ -175,7 +173,7 @@ class AdaptiveDraftLength:
         else:
             k = self.best_k()
             self._rounds += 1
-            if k == 0 and self._plain_rounds >= self._probe_due:
+            if k == 0 and self._plain_rounds >= self._probe_interval():
                 k = _PROBE_LENGTH
             elif 0 < k < self.max_k and self._rounds % _EXPLORE_EVERY == 0:
                 k += 1  # now and then measure one draft more than the model knows about
@@ -210,10 +208,8 @@ class AdaptiveDraftLength:
             self._acc_trials = self._acc_trials * self._decay + accepted + failure
         if requested == 0:
             self._plain_rounds += 1
-            return
-        # Should drafting turn off after this round, this is how long until the next probe.
-        self._probe_due = self._probe_interval()
-        self._plain_rounds = 0
+        else:
+            self._plain_rounds = 0
 
     def _probe_interval(self) -> int:
         """Rounds to wait so that probes cost at most ``_PROBE_BUDGET`` of decoding time."""
@@ -221,7 +217,9 @@ class AdaptiveDraftLength:
             return self._max_probe
         plain = self.verify_cost(1)
         probe = self.verify_cost(_PROBE_LENGTH + 1)
-        if plain is None or probe is None or self._draft_rounds < _MIN_EVIDENCE:
+        if 1 not in self._verify or plain is None or probe is None:
+            return self._min_probe
+        if self._draft_rounds < _MIN_EVIDENCE:
             return self._min_probe  # too little seen yet to give up on drafting for long
         overhead = _PROBE_LENGTH * (self._draft.value or 0.0) + probe - plain
         overhead += self._catch_up.value or 0.0
