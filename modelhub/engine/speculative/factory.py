@@ -69,7 +69,6 @@ def make_drafter(
             target_ctx,
             n_threads=n_threads,
             p_min=cfg.draft_p_min,
-            max_draft=cfg.draft_num_predict,
         )
     if cfg.draft_kind == "ngram":
         return ngram_drafter(target.path)

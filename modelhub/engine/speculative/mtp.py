@@ -81,7 +81,6 @@ class MtpDrafter:
         *,
         n_threads: int,
         p_min: float = 0.0,
-        max_draft: int = 4,
     ) -> None:
         self._ext = nextn_api()
         _check_target(target)
@@ -121,10 +120,7 @@ class MtpDrafter:
         self._pending: tuple[int, npt.NDArray[np.float32]] | None = None  # (position, h)
         self._last_n = 0
         if self.n_heads > 1:
-            log.info(
-                "MTP: %d chained heads; drafts per round capped at %d", self.n_heads, self.n_heads
-            )
-        del max_draft  # the engine bounds K; chained heads cap it in propose()
+            log.info("MTP: %d chained heads (at most that many drafts per round)", self.n_heads)
 
     # ---- keeping the MTP cache in step with the target ----------------------------------------
     def _hidden_before(self, pos: int) -> npt.NDArray[np.float32] | None:
