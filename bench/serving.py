@@ -21,8 +21,10 @@ by prompt, for ``--repeats`` rounds, so slow drift of the machine hits all of th
 request yields: TTFT (start -> first streamed piece of text), streamed tok/s (pieces after the
 first / time from the first to the last, as a client sees them) and the tok/s the server itself
 reports (``eval_count/eval_duration``, llama-server's ``predicted_per_second``). A figure is the
-median over rounds per prompt, averaged over prompts. For the daemon the bench also reads the CPU
-time the daemon process, the runner process and this client spent per generated token.
+median over rounds per prompt, averaged over prompts; a ratio or TTFT difference is the median
+over pairs of requests asked back to back (same round, same prompt). For each daemon the bench
+also reads the CPU time the daemon process, the runner process and this client spent per
+generated token.
 """
 
 from __future__ import annotations
@@ -434,6 +436,16 @@ def summarise(samples: list[Sample], n_prompts: int) -> dict[str, float]:
     }
 
 
+def paired(mine: list[Sample], base: list[Sample]) -> dict[str, float]:
+    """Medians over pairs of requests asked back to back (same round, same prompt): drift of a
+    shared machine between rounds cancels out of these, unlike out of ratios of averages."""
+    pairs = list(zip(mine, base, strict=True))
+    return {
+        "tok_s_ratio": statistics.median(m.stream_tok_s / b.stream_tok_s for m, b in pairs),
+        "ttft_diff_ms": statistics.median(m.ttft_ms - b.ttft_ms for m, b in pairs),
+    }
+
+
 def _goal(value: float | None, goal: float, at_least: bool) -> dict[str, Any]:
     met = None if value is None else (value >= goal if at_least else value < goal)
     return {"value": value, "goal": (">= " if at_least else "< ") + str(goal), "met": met}
@@ -479,17 +491,23 @@ def report(
     n_prompts: int,
     cpu: dict[str, dict[str, float]],
 ) -> dict[str, Any]:
-    summary = {name: summarise(s, n_prompts) for name, s in samples.items()}
     reference = {s.prompt: s.text for s in samples["in-process"]}
-    for name, s in samples.items():
-        summary[name]["same_text_as_in_process"] = all(x.text == reference[x.prompt] for x in s)
-    base = summary["in-process"]
-    mine = summary["daemon"]
-    llama = summary.get("llama-server")
+    summary: dict[str, dict[str, Any]] = {
+        name: {
+            **summarise(s, n_prompts),
+            "vs_in_process": paired(s, samples["in-process"]),
+            "same_text_as_in_process": all(x.text == reference[x.prompt] for x in s),
+        }
+        for name, s in samples.items()
+    }
+    vs_base = paired(samples["daemon"], samples["in-process"])
+    llama = samples.get("llama-server")
     ratios = {
-        "daemon_vs_in_process_tok_s": mine["tok_s"] / base["tok_s"],
-        "daemon_vs_llama_server_tok_s": mine["tok_s"] / llama["tok_s"] if llama else None,
-        "daemon_ttft_overhead_ms": mine["ttft_ms"] - base["ttft_ms"],
+        "daemon_vs_in_process_tok_s": vs_base["tok_s_ratio"],
+        "daemon_vs_llama_server_tok_s": (
+            paired(samples["daemon"], llama)["tok_s_ratio"] if llama else None
+        ),
+        "daemon_ttft_overhead_ms": vs_base["ttft_diff_ms"],
     }
     goals = {
         "daemon_tok_s_vs_in_process": _goal(
@@ -502,7 +520,7 @@ def report(
             ratios["daemon_ttft_overhead_ms"], GOAL_TTFT_OVERHEAD_MS, False
         ),
     }
-    return {
+    result = {
         "model": model.name,
         "model_bytes": model.stat().st_size,
         "configs": summary,
@@ -511,18 +529,21 @@ def report(
         "cpu_ms_per_token": cpu,
         "samples": {name: [asdict(x) | {"text": None} for x in s] for name, s in samples.items()},
     }
+    if "candidate" in samples:
+        result["candidate_vs_daemon"] = paired(samples["candidate"], samples["daemon"])
+    return result
 
 
 def print_table(result: dict[str, Any]) -> None:
     configs = result["configs"]
-    base = configs["in-process"]
     print(f"\n{result['model']}")
     header = f"{'config':<14}{'tok/s':>9}{'eval tok/s':>12}{'TTFT ms':>10}{'x in-proc':>11}"
     print(header + f"{'TTFT +ms':>10}{'same text':>11}")
     for name, c in configs.items():
         print(
             f"{name:<14}{c['tok_s']:>9.1f}{c['eval_tok_s']:>12.1f}{c['ttft_ms']:>10.1f}"
-            f"{c['tok_s'] / base['tok_s']:>11.3f}{c['ttft_ms'] - base['ttft_ms']:>+10.1f}"
+            f"{c['vs_in_process']['tok_s_ratio']:>11.3f}"
+            f"{c['vs_in_process']['ttft_diff_ms']:>+10.1f}"
             f"{'yes' if c['same_text_as_in_process'] else 'NO':>11}"
         )
     labels = {
@@ -536,11 +557,11 @@ def print_table(result: dict[str, Any]) -> None:
         else:
             verdict, value = ("met" if goal["met"] else "MISSED"), f"{goal['value']:.3f}"
         print(f"  goal {labels[key]:<30} {goal['goal']:>7}: {value:>8}  {verdict}")
-    if "candidate" in configs:
-        cand = configs["candidate"]
+    if "candidate_vs_daemon" in result:
+        cand = result["candidate_vs_daemon"]
         print(
-            f"  candidate vs daemon: tok/s x{cand['tok_s'] / configs['daemon']['tok_s']:.3f}, "
-            f"TTFT {cand['ttft_ms'] - configs['daemon']['ttft_ms']:+.1f} ms"
+            f"  candidate vs daemon: tok/s x{cand['tok_s_ratio']:.3f}, "
+            f"TTFT {cand['ttft_diff_ms']:+.1f} ms"
         )
     for name, cpu in result["cpu_ms_per_token"].items():
         print(
