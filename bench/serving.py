@@ -71,6 +71,7 @@ SHORTCUTS = ("smollm2-q4_1", "smollm2-q8_0")
 GOAL_VS_IN_PROCESS = 0.95
 GOAL_VS_LLAMA_SERVER = 0.90
 GOAL_TTFT_OVERHEAD_MS = 15.0
+QUIET_CORES = 0.1  # more CPU than this used by others during a run makes its figures doubtful
 
 
 @dataclass
@@ -188,6 +189,30 @@ def _children(pid: int) -> list[int]:
 def _self_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and all its live descendants."""
+    return _cpu_seconds(pid) + sum(_tree_cpu(child) for child in _children(pid))
+
+
+def _machine_busy_seconds() -> float:
+    """Non-idle CPU seconds of the whole machine since boot (all cores)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    idle = ticks[3] + ticks[4]  # idle, iowait; the others are user nice system irq softirq steal
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """How many cores processes outside this bench kept busy while it measured."""
+
+    def __init__(self) -> None:
+        self.start = (_machine_busy_seconds(), _tree_cpu(os.getpid()), time.monotonic())
+
+    def cores(self) -> float:
+        busy, ours, wall = _machine_busy_seconds(), _tree_cpu(os.getpid()), time.monotonic()
+        return max(0.0, (busy - self.start[0]) - (ours - self.start[1])) / (wall - self.start[2])
 
 
 class DaemonTarget:
@@ -476,13 +501,17 @@ def bench_model(model: Path, settings: Settings, args: argparse.Namespace) -> di
         for daemon in daemons:
             daemon.reset_cpu()
         samples: dict[str, list[Sample]] = {t.name: [] for t in targets}
+        other = OtherLoad()
         for round_ in range(args.repeats):
             for index, prompt in enumerate(prompts):
                 for target in targets:
                     samples[target.name].append(target.ask(prompt, index))
             print(f"   round {round_ + 1}/{args.repeats} done", flush=True)
         cpu = {d.name: d.cpu_per_token_ms() for d in daemons}
-    return report(model, samples, len(prompts), cpu)
+        other_cores = other.cores()
+    result = report(model, samples, len(prompts), cpu)
+    result["other_processes_cores"] = other_cores
+    return result
 
 
 def report(
@@ -563,6 +592,9 @@ def print_table(result: dict[str, Any]) -> None:
             f"  candidate vs daemon: tok/s x{cand['tok_s_ratio']:.3f}, "
             f"TTFT {cand['ttft_diff_ms']:+.1f} ms"
         )
+    other = result["other_processes_cores"]
+    warning = "  (figures disturbed: rerun on a quiet machine)" if other > QUIET_CORES else ""
+    print(f"  other processes kept {other:.2f} cores busy while this measured{warning}")
     for name, cpu in result["cpu_ms_per_token"].items():
         print(
             f"  CPU ms per generated token, {name}: "

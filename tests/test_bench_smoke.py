@@ -85,6 +85,8 @@ def test_serving_bench_smoke(tmp_path: Path) -> None:
         ratios["daemon_vs_in_process_tok_s"] >= 0.95
     )
     assert goals["daemon_tok_s_vs_llama_server"]["met"] is None
+    assert result["other_processes_cores"] >= 0.0
+    assert "other processes kept" in run.stdout
     (cpu,) = result["cpu_ms_per_token"].values()  # one daemon (no --candidate)
     assert set(cpu) == {"daemon", "runner", "client"} and cpu["runner"] > 0
 
