@@ -139,7 +139,9 @@ def test_ngram_identity_and_drafting_on_a_rewrite(
         got = ngram.generate(rewrite, greedy(n=120), on_token=lambda ev: drafted.append(ev.drafted))
         assert got.tokens == expected.tokens
         assert got.drafter == "ngram"
-        assert got.draft_accepted_count > 20  # the answer copies most of the prompt
+        # SmolLM2 answers with a short rewrite that repeats the function's first line: 11-16
+        # accepted drafts measured here; with no match nothing would be accepted.
+        assert got.draft_accepted_count >= 8
         assert sum(drafted) == got.draft_accepted_count
 
 
