@@ -40,6 +40,7 @@ def simulate(
     tokens: int,
     seed: int = 0,
     noise: float = 0.05,
+    split_catch_up: bool = False,
 ) -> SimResult:
     rng = np.random.default_rng(seed)
     emitted, seconds, ks, rnd = 0, 0.0, [], 0
@@ -53,7 +54,12 @@ def simulate(
         jitter = 1.0 + noise * (rng.random() - 0.5)
         t_draft = k * cost.draft * jitter
         t_verify = cost.verify(k + 1) * jitter
-        ctl.record(k, k, accepted, t_draft, t_verify)
+        if split_catch_up and k > 0:
+            # like a draft model: its first step (catching up on the pending token) happens in
+            # prepare(), the other k-1 in propose()
+            ctl.record(k, k, accepted, t_draft * (k - 1) / k, t_verify, t_draft / k)
+        else:
+            ctl.record(k, k, accepted, t_draft, t_verify)
         seconds += t_draft + t_verify
         emitted += accepted + 1
         rnd += 1
@@ -142,6 +148,14 @@ def test_a_draft_as_expensive_as_the_target_stops_probing() -> None:
     res = simulate(ctl, CPU_LIKE, lambda r: 0.9, tokens=3000)
     assert ctl.hopeless
     assert sum(k > 0 for k in res.ks) <= 2 + len(res.ks) // 512  # a probe per 512 rounds
+
+
+def test_a_draft_models_catch_up_step_counts_as_drafting_cost() -> None:
+    """With K=1 a draft model's only decode happens while catching up; it is still a cost."""
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CPU_LIKE, lambda r: 0.9, tokens=2000, split_catch_up=True)
+    assert res.rate >= 0.95 * baseline(CPU_LIKE)
+    assert sum(k > 0 for k in res.ks[100:]) < 10
 
 
 def test_exploration_measures_longer_drafts() -> None:

@@ -78,6 +78,7 @@ class AdaptiveDraftLength:
         self._max_probe = max_probe_interval
         self._plain_rounds = 0  # consecutive rounds without drafting
         self._rounds = 0
+        self._last_requested = -1  # K of the previous round (-1: none yet)
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
         self._catch_up = _Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
         self.current_k = self.max_k
@@ -198,14 +199,22 @@ class AdaptiveDraftLength:
         ``proposed + 1`` rows."""
         rows = proposed + 1
         self._verify.setdefault(rows, _Ewma(self._cost_alpha)).add(max(verify_seconds, 1e-9))
-        if requested > 0 and self._plain_rounds > 0:
+        # In a run of drafting rounds the drafter catches up on one or two tokens per round
+        # (the pending token, the bonus): a cost of every round, so part of the draft cost.
+        # After plain rounds the catch-up covers all of them: that is what a probe costs.
+        warm = self._last_requested > 0
+        if requested > 0 and not warm:
             self._catch_up.add(prepare_seconds)
         if proposed > 0:
             self._draft_rounds += 1
-            self._draft.add(draft_seconds / proposed)
+            if warm:
+                self._draft.add((draft_seconds + prepare_seconds) / proposed)
+            elif self._draft.value is None:
+                self._draft.add(draft_seconds / max(1, proposed - 1))
             self._acc_hits = self._acc_hits * self._decay + accepted
             failure = 1.0 if accepted < proposed else 0.0
             self._acc_trials = self._acc_trials * self._decay + accepted + failure
+        self._last_requested = requested
         if requested == 0:
             self._plain_rounds += 1
         else:
