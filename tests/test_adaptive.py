@@ -147,7 +147,12 @@ def test_a_draft_as_expensive_as_the_target_stops_probing() -> None:
     ctl = AdaptiveDraftLength(8)
     res = simulate(ctl, CPU_LIKE, lambda r: 0.9, tokens=3000)
     assert ctl.hopeless
-    assert sum(k > 0 for k in res.ks) <= 2 + len(res.ks) // 512  # a probe per 512 rounds
+    assert sum(k > 0 for k in res.ks) <= 2
+    # the verdict follows the measurements: if plain decoding becomes 10x slower, probe again
+    for _ in range(20):
+        ctl.record(0, 0, 0, 0.0, 10 * CPU_LIKE.verify(1))
+    assert not ctl.hopeless
+    assert any(ctl.next_k() > 0 or ctl.record(0, 0, 0, 0.0, 0.077) for _ in range(64))
 
 
 def test_a_draft_models_catch_up_step_counts_as_drafting_cost() -> None:

@@ -174,7 +174,10 @@ class AdaptiveDraftLength:
         else:
             k = self.best_k()
             self._rounds += 1
-            if k == 0 and self._plain_rounds >= self._probe_interval():
+            # No probes while the costs alone rule drafting out: a draft model would first
+            # have to catch up on every token since it last drafted. The verdict is
+            # re-evaluated as plain decoding keeps being measured.
+            if k == 0 and not self.hopeless and self._plain_rounds >= self._probe_interval():
                 k = _PROBE_LENGTH
             elif 0 < k < self.max_k and self._rounds % _EXPLORE_EVERY == 0:
                 k += 1  # now and then measure one draft more than the model knows about
