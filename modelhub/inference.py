@@ -34,7 +34,7 @@ RUNTIME_KEYS = (
     "stop",
     "draft_num_predict",
 )
-DEFAULT_DRAFT_LEN = {DRAFT_MODEL: 4, DRAFT_MTP: 4, DRAFT_MTP_DRAFTER: 4, DRAFT_NGRAM: 8}
+DEFAULT_DRAFT_LEN = {DRAFT_MODEL: 4, DRAFT_MTP: 4, DRAFT_MTP_DRAFTER: 4, DRAFT_NGRAM: 16}
 # A caller-supplied prediction costs nothing to draft: allow long drafts (adaptive trims them).
 PREDICTION_DRAFT_LEN = 16
 

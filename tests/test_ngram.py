@@ -204,3 +204,44 @@ def test_common_prefix_length() -> None:
 def test_drafter_satisfies_the_protocol() -> None:
     drafter: Drafter = NgramDrafter()
     assert drafter.kind == "ngram"
+
+
+def test_long_orders_follow_the_right_source() -> None:
+    """A 4-gram that recurs with another continuation misleads a 4-gram pool; the longer
+    orders (up to 16) tell the two places apart, so a copy of the first passage stays right."""
+    first: list[int] = []
+    second: list[int] = []
+    for j in range(6):  # six 4-grams that recur in both passages, each followed differently
+        shared = random_tokens(4, seed=30 + j)
+        first += [*shared, *random_tokens(8, seed=40 + j)]
+        second += [*shared, *random_tokens(8, seed=50 + j)]
+    prompt = [*first, *random_tokens(20, seed=60), *second]  # the misleading one is newer
+    short = simulate(NgramDrafter(pool=NgramPool(4)), prompt, first, k=16)
+    long = simulate(NgramDrafter(), prompt, first, k=16)
+    # every token but the first and one per round came from a draft: no draft was wrong
+    assert long.accepted >= len(first) - 1 - long.rounds
+    assert long.rounds == 5  # 72 tokens, 16 drafts and the target's own token a round
+    assert short.rounds >= 7  # misled where a round drafted across a shared 4-gram
+    assert NgramPool().orders == (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def test_a_pool_writes_once_per_order_and_token() -> None:
+    pool = NgramPool(16)
+    NgramDrafter(pool=pool).begin(random_tokens(100, seed=36))
+    # position i has min(i, 16) tokens of history; it writes each order that fits
+    assert pool.writes == sum(sum(1 for n in pool.orders if n <= i) for i in range(1, 100))
+
+
+def test_drafts_carry_estimates_that_learn_from_outcomes() -> None:
+    sentence = random_tokens(30, seed=37)
+    drafter = NgramDrafter()
+    tokens = [*sentence, *sentence[:5]]
+    drafter.begin(tokens)
+    proposal = drafter.propose(tokens, 16)
+    assert proposal.confidence is not None
+    assert len(proposal.confidence) == len(proposal.tokens) == 16
+    # the chain starts from a 4-gram match and reaches the 16-gram order as it extends
+    assert proposal.confidence[0] < proposal.confidence[-1]
+    before = drafter.acceptance.estimate(16)
+    simulate(drafter, [*sentence, *sentence[:5]], (sentence * 4)[5:], k=16)
+    assert drafter.acceptance.estimate(16) > before  # long copies were right every time

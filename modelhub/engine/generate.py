@@ -241,6 +241,8 @@ class Engine:
                 probs = None if deterministic else sampler.probs
                 proposal = drafter.propose(tokens, k, probs)
                 drafts = [int(t) for t in proposal.tokens[:k]]
+                if proposal.confidence is not None and controller is not None:
+                    drafts = drafts[: controller.cut(proposal.confidence[: len(drafts)])]
                 if proposal.probs is not None:
                     q = proposal.probs[: len(drafts)]
                 if len(drafts) < max(1, self.cfg.draft_min):

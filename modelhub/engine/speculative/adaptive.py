@@ -14,11 +14,17 @@ The expected number of tokens a round emits with K drafts is (1 - a^(K+1)) / (1 
 rate for K is that over ``K * draft + verify(K + 1)``; K = 0 is plain decoding at
 ``1 / verify(1)``. The controller picks the best K; when no K beats plain decoding it stops
 drafting and re-probes now and then, spending at most a few percent of the time on probes.
+
+A drafter that rates each of its tokens (``Proposal.confidence``, e.g. n-gram drafts, whose
+quality depends on how long a match they come from) is asked for ``max_k`` tokens every round
+and :meth:`AdaptiveDraftLength.cut` keeps the prefix with the best expected rate, using those
+per-token estimates in place of the single acceptance figure.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # A plain round must lose by this factor before the controller prefers drafting; avoids
@@ -81,6 +87,7 @@ class AdaptiveDraftLength:
         self._last_requested = -1  # K of the previous round (-1: none yet)
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
         self._catch_up = _Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
+        self._rated = False  # the drafter rates its tokens: cut() decides, next_k() asks max_k
         self.current_k = self.max_k
 
     # ---- estimates -------------------------------------------------------------------------
@@ -145,6 +152,31 @@ class AdaptiveDraftLength:
                 best_k, best_rate = k, r
         return best_k
 
+    def cut(self, confidence: Sequence[float]) -> int:
+        """How many drafts of a rated proposal to verify: the prefix with the best expected
+        rate (0: decode plainly this round). ``confidence[i]`` is the probability that draft i
+        is accepted given that the drafts before it were."""
+        self._rated = True
+        if not self.adaptive:
+            return len(confidence)
+        plain = self.rate(0)
+        if plain is None:
+            return len(confidence)  # nothing measured yet: this round measures a wide verify
+        draft = self._draft.value or 0.0
+        best_k, best_rate = 0, plain * _MARGIN
+        expected, survive = 1.0, 1.0
+        for k, c in enumerate(confidence, start=1):
+            survive *= c
+            expected += survive
+            verify = self.verify_cost(k + 1)
+            if verify is None:
+                break
+            r = expected / (k * draft + verify)
+            if r > best_rate:
+                best_k, best_rate = k, r
+        self.current_k = best_k
+        return best_k
+
     # ---- decisions ---------------------------------------------------------------------------
     def _with_acceptance(self, acceptance: float) -> int:
         """best_k() as if the per-draft acceptance were ``acceptance``."""
@@ -165,7 +197,7 @@ class AdaptiveDraftLength:
 
     def next_k(self) -> int:
         """The draft length for the coming round."""
-        if not self.adaptive or self.max_k == 0:
+        if not self.adaptive or self.max_k == 0 or self._rated:
             return self.max_k
         if not self._verify:
             k = self.max_k  # first round: draft, which measures drafting and a wide verify

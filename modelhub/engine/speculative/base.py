@@ -22,10 +22,13 @@ class Proposal:
 
     ``probs`` holds the distribution each token was drawn from (shape ``(len(tokens), n_vocab)``)
     when the drafter sampled; ``None`` means the drafter is deterministic, so q is one-hot.
+    ``confidence`` optionally estimates, per token, the probability that it is accepted given
+    that the drafts before it were; the engine then verifies only the prefix that pays.
     """
 
     tokens: list[int]
     probs: npt.NDArray[np.float32] | None = None
+    confidence: list[float] | None = None
 
 
 class ProbabilityFn(Protocol):

@@ -1,11 +1,13 @@
 """Model-free drafting from n-grams already seen (prompt, output, and earlier requests).
 
 An :class:`NgramPool` maps the hash of ``n`` consecutive tokens to the token that followed them
-most recently, for every ``n`` in ``1..n_match``. It is filled incrementally: each token that
-enters a sequence costs ``n_match`` table writes, and a prompt that starts like a sequence the
-pool has already indexed (a chat that grows turn by turn, a repeated system prompt) is indexed
-only from where it differs. One pool per loaded model lets a request draft from what earlier
-requests produced.
+most recently, for every order ``n`` in ``orders`` (1, 2, 3, 4, 6, 8, 12, 16 by default). Short
+orders find something to draft almost anywhere; long ones tell apart the places where a short
+n-gram recurs with different continuations (code repeats ``    count = `` with many endings), so
+a copy follows the right source. It is filled incrementally: each token that enters a sequence
+costs one table write per order, and a prompt that starts like a sequence the pool has already
+indexed (a chat that grows turn by turn, a repeated system prompt) is indexed only from where it
+differs. One pool per loaded model lets a request draft from what earlier requests produced.
 
 :class:`NgramDrafter` drafts by following the chain: look up the longest suffix of the
 sequence that has an entry, append the stored token, repeat.
@@ -23,23 +25,39 @@ from array import array
 from collections.abc import Sequence
 
 from modelhub.engine.speculative.base import ProbabilityFn, Proposal
+from modelhub.engine.speculative.confidence import AcceptanceByClass
 
 _MASK64 = (1 << 64) - 1
 _MULTIPLIER = 0x9E3779B97F4A7C15  # odd 64-bit constant (golden ratio): a good multiplicative hash
 _SEED = 0x243F6A8885A308D3
 _MAX_HITS = 255
+# The n-gram orders a pool indexes: every short one, then sparser long ones.
+_ORDER_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# A draft that returns to the state (last tokens) it drafted from is going round a cycle.
+_CYCLE_STATE = 4
 
 
-def suffix_keys(tokens: Sequence[int], end: int, n_max: int) -> list[int]:
-    """Keys of ``tokens[end - n:end]`` for ``n = 1..min(n_max, end)``, in one backwards pass.
+def orders_up_to(n_match: int) -> tuple[int, ...]:
+    """The indexed orders up to ``n_match`` (``n_match`` itself included)."""
+    return tuple(sorted({n for n in _ORDER_LADDER if n < n_match} | {n_match}))
+
+
+def suffix_keys(tokens: Sequence[int], end: int, orders: Sequence[int]) -> list[int]:
+    """Keys of ``tokens[end - n:end]`` for each ``n`` in ``orders`` (ascending) that fits before
+    ``end``, in one backwards pass.
 
     The hash folds tokens from the most recent backwards, so the key of each longer n-gram
     extends the shorter one's. Keys are never 0 (0 marks an empty slot).
     """
     keys: list[int] = []
     h = _SEED
-    for n in range(1, min(n_max, end) + 1):
-        h = ((h ^ (tokens[end - n] + 1)) * _MULTIPLIER) & _MASK64
+    n = 0
+    for order in orders:
+        if order > end:
+            break
+        while n < order:
+            n += 1
+            h = ((h ^ (tokens[end - n] + 1)) * _MULTIPLIER) & _MASK64
         key = h ^ (h >> 31)
         keys.append(key or 1)
     return keys
@@ -77,14 +95,15 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 class NgramPool:
     """A bounded hash table from n-gram to next token, shared by the drafters of one model.
 
-    ``capacity`` (a power of two) fixes the memory; ``n_match`` is the longest n-gram indexed.
+    ``capacity`` (a power of two) fixes the memory; ``n_match`` is the longest n-gram indexed
+    (``orders`` are those indexed).
     ``writes`` counts table writes (for tests and statistics). Writers need no lock: a racing
     write can only store a wrong guess, which verification rejects.
     """
 
     def __init__(
         self,
-        n_match: int = 4,
+        n_match: int = 16,
         *,
         capacity: int = 1 << 20,
         max_sequences: int = 8,
@@ -95,6 +114,7 @@ class NgramPool:
         if capacity < 2 or capacity & (capacity - 1):
             raise ValueError("capacity must be a power of two (at least 2)")
         self.n_match = n_match
+        self.orders = orders_up_to(n_match)
         self.capacity = capacity
         self.max_sequences = max_sequences
         self.max_sequence_tokens = max_sequence_tokens
@@ -141,10 +161,10 @@ class NgramPool:
 
     def _index_range(self, tokens: Sequence[int], start: int, stop: int) -> None:
         """Record, for each position in [start, stop), the n-grams before it -> its token."""
-        n_match = self.n_match
+        orders = self.orders
         for i in range(max(start, 1), stop):
             token = tokens[i]
-            for key in suffix_keys(tokens, i, n_match):
+            for key in suffix_keys(tokens, i, orders):
                 self._write(key, token)
 
     # --- sequences ---
@@ -187,39 +207,52 @@ class NgramPool:
 class NgramDrafter:
     """Drafts by following the pool's n-gram -> next-token chain from the current suffix.
 
-    At each step the longest n-gram (``n_match`` down to 1) with an entry wins; a 1-gram needs
-    ``unigram_min_hits`` consecutive sightings of the same follower, since single tokens are
-    weak evidence. The chain stops when no n-gram has an entry, or when it loops back to a state
-    it already drafted from, unless the context itself already ends in that cycle twice (then
-    the repetition is the best guess). A draft shorter than ``n_min`` is dropped.
+    At each step the longest indexed n-gram (``n_match`` down to 1) with an entry wins; a 1-gram
+    needs ``unigram_min_hits`` consecutive sightings of the same follower, since single tokens
+    are weak evidence. The chain stops when no n-gram has an entry, or when it comes back to a
+    state (its last 4 tokens) it already drafted from, unless the context itself already ends in
+    that cycle twice (then the repetition is the best guess). A draft shorter than ``n_min`` is
+    dropped.
+
+    Each drafted token carries an acceptance estimate learned per n-gram order (a token that a
+    4-gram predicted is right far more often than one a single token predicted), so the engine
+    verifies only as much of the chain as is likely to pay.
     """
 
     kind = "ngram"
 
     def __init__(
         self,
-        n_match: int = 4,
+        n_match: int | None = None,
         n_min: int = 1,
         pool: NgramPool | None = None,
         *,
         unigram_min_hits: int = 2,
     ) -> None:
-        if not isinstance(n_match, int) or isinstance(n_match, bool):
+        if n_match is not None and (not isinstance(n_match, int) or isinstance(n_match, bool)):
             raise TypeError("n_match must be an int; pass a shared pool as pool=...")
         if pool is None:
-            pool = NgramPool(n_match)
+            pool = NgramPool() if n_match is None else NgramPool(n_match)
+        if n_match is None:
+            n_match = pool.n_match
         if not 1 <= n_match <= pool.n_match:
             raise ValueError(f"n_match must be in 1..{pool.n_match} (the pool's n_match)")
         self.n_match = n_match
+        self._orders = tuple(n for n in pool.orders if n <= n_match)
         self.n_min = max(1, n_min)
         self.pool = pool
         self.unigram_min_hits = unigram_min_hits
+        # Starting estimates per order (0.1 for 1-grams, 0.7 for 4-grams, 0.85 for 16-grams);
+        # learned from outcomes from then on.
+        self.acceptance = AcceptanceByClass({n: 0.9 - 0.8 / n for n in self._orders})
         self._seq: IndexedSequence | None = None
 
     def begin(self, tokens: Sequence[int]) -> None:
+        self.acceptance.forget()
         self._seq = self.pool.open_sequence(tokens)
 
     def commit(self, tokens: Sequence[int]) -> None:
+        self.acceptance.judge(tokens)
         if self._seq is None:
             self._seq = self.pool.open_sequence(tokens)
         else:
@@ -231,15 +264,18 @@ class NgramDrafter:
         self.commit(tokens)  # index anything not committed yet (no-op in the usual loop)
         context = list(tokens[-(self.n_match + 1) :])
         draft: list[int] = []
-        seen = {tuple(context[-self.n_match :]): 0}
+        orders: list[int] = []
+        seen = {tuple(context[-_CYCLE_STATE:]): 0}
         cycle_ok = False
         while len(draft) < max_tokens:
-            token = self._next_token(context)
-            if token is None:
+            found = self._next_token(context)
+            if found is None:
                 break
+            token, order = found
             draft.append(token)
+            orders.append(order)
             context.append(token)
-            state = tuple(context[-self.n_match :])
+            state = tuple(context[-_CYCLE_STATE:])
             if not cycle_ok and state in seen:
                 period = len(draft) - seen[state]
                 if not _ends_with_cycle_twice(tokens, draft, period):
@@ -247,15 +283,18 @@ class NgramDrafter:
                 cycle_ok = True
             seen.setdefault(state, len(draft))
         if len(draft) < self.n_min:
-            draft = []
-        return Proposal(draft, None)
+            draft, orders = [], []
+        self.acceptance.expect(len(tokens), draft, orders)
+        return Proposal(draft, None, [self.acceptance.estimate(n) for n in orders])
 
-    def _next_token(self, context: list[int]) -> int | None:
-        keys = suffix_keys(context, len(context), self.n_match)
-        for n in range(len(keys), 0, -1):
-            found = self.pool.lookup(keys[n - 1])
+    def _next_token(self, context: list[int]) -> tuple[int, int] | None:
+        """The next token and the order of the n-gram that predicted it."""
+        keys = suffix_keys(context, len(context), self._orders)
+        for i in range(len(keys) - 1, -1, -1):
+            n = self._orders[i]
+            found = self.pool.lookup(keys[i])
             if found is not None and (n > 1 or found[1] >= self.unigram_min_hits):
-                return found[0]
+                return found[0], n
         return None
 
 

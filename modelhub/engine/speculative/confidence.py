@@ -1,0 +1,79 @@
+"""Per-token acceptance estimates for drafters that have no probabilities of their own.
+
+A deterministic drafter (n-gram, prediction) knows why it proposed each token: the n-gram order
+that matched, say. That reason is the token's *evidence class*. :class:`AcceptanceByClass`
+learns, per class, how often such a token was what the target emitted, given that every draft
+before it was; the engine turns the estimates of a proposal into the number of drafts worth
+verifying (``AdaptiveDraftLength.cut``).
+
+Outcomes are read off the committed sequence. The token the target emits at a drafted position
+equals the draft exactly when the draft is accepted (greedy: the target's argmax; sampled with a
+one-hot q: both happen with probability p(draft)), so the position just past the verified drafts,
+where the target emits its own token, is evidence too: a class that is never worth verifying
+keeps being measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+# Estimates stay inside these bounds: no evidence makes a token certain or hopeless.
+_FLOOR, _CEILING = 0.02, 0.995
+
+
+class AcceptanceByClass:
+    """Decayed hit rates per evidence class, starting from a prior worth ``prior_weight`` trials.
+
+    ``decay`` forgets old outcomes of a class (0.97: the last ~30 outcomes weigh most), so the
+    estimates follow a change of text (copying a document, then writing freely).
+    """
+
+    def __init__(
+        self,
+        priors: Mapping[Hashable, float],
+        *,
+        default_prior: float = 0.3,
+        prior_weight: float = 2.0,
+        decay: float = 0.97,
+    ) -> None:
+        self._priors = dict(priors)
+        self._default = default_prior
+        self._weight = prior_weight
+        self._decay = decay
+        self._stats: dict[Hashable, list[float]] = {}  # class -> [hits, trials]
+        self._pending: tuple[int, list[int], list[Hashable]] | None = None
+
+    def estimate(self, cls: Hashable) -> float:
+        hits, trials = self._stats.get(cls) or self._prior(cls)
+        return min(_CEILING, max(_FLOOR, hits / trials))
+
+    def record(self, cls: Hashable, hit: bool) -> None:
+        stats = self._stats.setdefault(cls, self._prior(cls))
+        stats[0] = stats[0] * self._decay + (1.0 if hit else 0.0)
+        stats[1] = stats[1] * self._decay + 1.0
+
+    def _prior(self, cls: Hashable) -> list[float]:
+        p = self._priors.get(cls, self._default)
+        return [p * self._weight, self._weight]
+
+    def expect(self, start: int, drafts: Sequence[int], classes: Sequence[Hashable]) -> None:
+        """A proposal for the positions from ``start`` on; judged by the next :meth:`judge`."""
+        self._pending = (start, list(drafts), list(classes))
+
+    def forget(self) -> None:
+        """Drop an unjudged proposal (a new request begins)."""
+        self._pending = None
+
+    def judge(self, tokens: Sequence[int]) -> None:
+        """``tokens`` is the committed sequence: score the pending proposal's known positions."""
+        if self._pending is None:
+            return
+        start, drafts, classes = self._pending
+        self._pending = None
+        for i, (draft, cls) in enumerate(zip(drafts, classes, strict=True)):
+            if start + i >= len(tokens):
+                return  # generation stopped before this position: no evidence
+            hit = tokens[start + i] == draft
+            self.record(cls, hit)
+            if not hit:
+                return

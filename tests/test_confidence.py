@@ -1,0 +1,88 @@
+"""Per-token acceptance estimates (speculative.confidence) and the cut they drive."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
+from modelhub.engine.speculative.confidence import AcceptanceByClass
+
+
+def test_prior_then_learning_per_class() -> None:
+    acc = AcceptanceByClass({"long": 0.8, "short": 0.2}, default_prior=0.5)
+    assert acc.estimate("long") == pytest.approx(0.8)
+    assert acc.estimate("short") == pytest.approx(0.2)
+    assert acc.estimate("other") == pytest.approx(0.5)
+    for _ in range(40):
+        acc.record("short", True)
+    assert acc.estimate("short") > 0.95  # the evidence outweighs the prior
+    assert acc.estimate("long") == pytest.approx(0.8)  # classes are independent
+    for _ in range(200):
+        acc.record("long", False)
+    assert acc.estimate("long") == pytest.approx(0.02)  # never certain to fail
+
+
+def test_old_outcomes_fade() -> None:
+    acc = AcceptanceByClass({}, decay=0.9)
+    for _ in range(50):
+        acc.record(1, True)
+    for _ in range(10):
+        acc.record(1, False)
+    assert acc.estimate(1) < 0.4  # ten recent misses outweigh fifty old hits
+
+
+def test_judging_reads_the_committed_tokens_up_to_the_first_miss() -> None:
+    acc = AcceptanceByClass({}, default_prior=0.5, prior_weight=1.0, decay=1.0)
+    # drafts for positions 3..6 after [pending at 2]
+    acc.expect(3, [10, 11, 12, 13], ["a", "b", "c", "d"])
+    acc.judge([0, 1, 2, 10, 11, 99])  # 10, 11 kept; 12 lost to 99; 13 never judged
+    assert acc.estimate("a") == pytest.approx(1.5 / 2)
+    assert acc.estimate("b") == pytest.approx(1.5 / 2)
+    assert acc.estimate("c") == pytest.approx(0.5 / 2)
+    assert acc.estimate("d") == pytest.approx(0.5)
+    acc.judge([0, 1, 2, 10, 11, 12, 13])  # judged once only
+    assert acc.estimate("d") == pytest.approx(0.5)
+
+
+def test_positions_past_the_verified_drafts_are_evidence_and_unknown_ones_are_not() -> None:
+    acc = AcceptanceByClass({}, default_prior=0.5, prior_weight=1.0, decay=1.0)
+    # Only the first draft was verified; the target's own next token matched the second draft.
+    acc.expect(1, [5, 6, 7], ["x", "y", "z"])
+    acc.judge([0, 5, 6])
+    assert acc.estimate("y") == pytest.approx(1.5 / 2)
+    assert acc.estimate("z") == pytest.approx(0.5)  # generation stopped before it: no evidence
+    acc.expect(3, [8], ["x"])
+    acc.forget()  # a new request began: the proposal is never judged
+    acc.judge([0, 5, 6, 1])
+    assert acc.estimate("x") == pytest.approx(1.5 / 2)
+
+
+def _measured(costs: dict[int, float], draft: float = 0.0001) -> AdaptiveDraftLength:
+    """A controller that has measured these verify costs (seconds per row count)."""
+    ctl = AdaptiveDraftLength(16)
+    for rows, seconds in costs.items():
+        ctl.record(rows - 1, rows - 1, 0, draft * (rows - 1), seconds)
+    return ctl
+
+
+# verify cost on this CPU for SmolLM2 Q8_0, in units of one decode: the second row costs ~0.5
+COSTS = {1: 1.0, 2: 1.5, 5: 1.9, 9: 2.4, 17: 3.5}
+
+
+def test_cut_keeps_the_prefix_that_pays() -> None:
+    ctl = _measured(COSTS)
+    assert ctl.cut([0.99] * 16) == 16  # a near-certain copy: verify all of it
+    assert ctl.cut([0.1] * 16) == 0  # hopeless guesses: decode plainly
+    # a confident start, then a weak link: verify up to the weak link
+    assert ctl.cut([0.97] * 6 + [0.05] + [0.97] * 9) == 6
+    # a single guess pays only when it is likely (the second row costs half a decode)
+    assert ctl.cut([0.3]) == 0
+    assert ctl.cut([0.9]) == 1
+
+
+def test_rated_drafters_are_asked_for_every_token() -> None:
+    ctl = _measured(COSTS)
+    ctl.cut([0.1, 0.1])
+    assert ctl.next_k() == 16  # the cut, not the round's K, decides from now on
+    fixed = AdaptiveDraftLength(8, adaptive=False)
+    assert fixed.cut([0.01] * 8) == 8  # fixed K: every draft is verified
