@@ -190,17 +190,27 @@ class Creator:
 
     # -- base -------------------------------------------------------------------------
     def _base_from_model(self, ref: str) -> ModelView:
+        return self._stored_model(
+            ref,
+            "FROM",
+            not_a_name="not a model name or uploaded file",
+            missing="pull it first or FROM a GGUF file",
+        )
+
+    def _stored_model(
+        self, ref: str, directive: str, *, not_a_name: str, missing: str
+    ) -> ModelView:
+        """The stored model ``ref`` names; errors name the directive and what to do instead."""
         try:
             name = parse_name(ref)
         except ModelhubError as exc:
-            raise BadRequest(f"FROM {ref!r}: not a model name or uploaded file ({exc})") from exc
+            raise BadRequest(f"{directive} {ref!r}: {not_a_name} ({exc})") from exc
         try:
-            base = self.views.get(name, with_info=False)
+            return self.views.get(name, with_info=False)
         except NotFound as exc:
             raise NotFound(
-                f"FROM {ref}: model '{name.display}' not found; pull it first or FROM a GGUF file"
+                f"{directive} {ref}: model '{name.display}' not found; {missing}"
             ) from exc
-        return base
 
     def _layers_from_files(self, files: dict[str, str], media: str) -> list[Layer]:
         layers: list[Layer] = []
@@ -347,20 +357,16 @@ class Creator:
         return [*layers, draft_layer], config
 
     def _draft_from_model(self, ref: str) -> Layer:
-        try:
-            name = parse_name(ref)
-        except ModelhubError as exc:
-            raise BadRequest(f"DRAFT {ref!r}: not mtp, ngram, a file or a model name") from exc
-        try:
-            view = self.views.get(name, with_info=False)
-        except NotFound as exc:
-            raise NotFound(
-                f"DRAFT {ref}: model '{name.display}' not found; pull or create it first"
-            ) from exc
+        view = self._stored_model(
+            ref,
+            "DRAFT",
+            not_a_name="not mtp, ngram, a file or a model name",
+            missing="pull or create it first",
+        )
         if view.model_layer is None:
-            raise DraftError(f"DRAFT {ref}: model '{name.display}' has no GGUF weights")
+            raise DraftError(f"DRAFT {ref}: model '{view.name.display}' has no GGUF weights")
         layer = view.model_layer
-        return Layer(MEDIA_DRAFT, layer.digest, layer.size, from_=name.display)
+        return Layer(MEDIA_DRAFT, layer.digest, layer.size, from_=view.name.display)
 
     # -- texts and parameters ---------------------------------------------------------
     def _apply_texts(

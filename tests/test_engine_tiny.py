@@ -292,7 +292,7 @@ def _exact_joint(target: Path, prompt: list[int]) -> dict[tuple[int, int], float
     e = _engine(target)
     try:
         ctx: LlamaContext = e.ctx
-        sampler = Sampler(GenerateOptions(**SAMPLING).sampling(), e.model.n_vocab)  # type: ignore[arg-type]
+        sampler = Sampler(GenerateOptions(**SAMPLING), e.model.n_vocab)  # type: ignore[arg-type]
 
         def dist(seq: list[int]) -> dict[int, float]:
             ctx.clear()

@@ -107,7 +107,7 @@ class Engine:
             self.drafting_disabled = (
                 f"{self.model.architecture} keeps recurrent state that cannot be rolled back"
             )
-        self.drafter: Drafter | None = drafter
+        self.drafter: Drafter | None = drafter if self.drafting_disabled is None else None
         if self.drafting_disabled is not None:
             if cfg.draft_kind != "none" or drafter is not None:
                 log.warning("drafting disabled: %s", self.drafting_disabled)
@@ -161,7 +161,7 @@ class Engine:
         self._check_prompt(prompt)
         constraint = GrammarConstraint(self.model, options.grammar) if options.grammar else None
         sampler = Sampler(
-            options.sampling(),
+            options,
             self.model.n_vocab,
             n_ctx=self.n_ctx,
             seed=options.seed,

@@ -45,9 +45,10 @@ class EngineConfig:
     draft_n_ctx: int = 0
 
 
-@dataclass
-class GenerateOptions:
-    """Per-request options (Ollama's runtime options, ollama-compat.md §1.6).
+@dataclass(frozen=True)
+class GenerateOptions(SamplingParams):
+    """Per-request options (Ollama's runtime options, ollama-compat.md §1.6): the sampling
+    options of :class:`SamplingParams` plus what shapes the request.
 
     ``num_predict`` < 0 means no limit but the context. ``seed`` < 0 or None draws a random seed.
     ``grammar`` is GBNF text (see ``grammar.format_grammar`` for Ollama's ``format``); a
@@ -60,34 +61,12 @@ class GenerateOptions:
     """
 
     num_predict: int = -1
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.9
-    min_p: float = 0.0
-    typical_p: float = 1.0
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None
     draft_num_predict: int | None = None
     acceptance_rule: AcceptanceRule = rejection_step
     sampling_verify: Literal["rejection", "compare"] = "rejection"
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            typical_p=self.typical_p,
-            repeat_penalty=self.repeat_penalty,
-            repeat_last_n=self.repeat_last_n,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
 
 
 @dataclass

@@ -171,14 +171,13 @@ class Runner:
         prompt = str(msg.get("prompt") or "")
         tokens = context + engine.tokenize(prompt, add_special=not context)
         known = {f.name for f in fields(GenerateOptions)} - {"acceptance_rule"}
-        opts = GenerateOptions(
-            **{k: v for k, v in (msg.get("options") or {}).items() if k in known}
-        )
+        given = {k: v for k, v in (msg.get("options") or {}).items() if k in known}
         fmt = msg.get("format")
         if fmt:
             from modelhub.engine.grammar import format_grammar
 
-            opts.grammar = format_grammar(fmt)
+            given["grammar"] = format_grammar(fmt)
+        opts = GenerateOptions(**given)
         prediction = msg.get("prediction")
         predicted = engine.tokenize(prediction, add_special=False) if prediction else None
         self.send({"id": rid, "event": "prompt", "prompt_tokens": len(tokens)})

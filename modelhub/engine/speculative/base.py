@@ -15,6 +15,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from modelhub.engine.speculative.verify import draw
+
 
 @dataclass
 class Proposal:
@@ -56,3 +58,31 @@ class Drafter(Protocol):
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Verification kept ``tokens`` (pending token last); drop any state beyond them."""
+
+
+def pick_draft(
+    row: npt.NDArray[np.float32],
+    history: Sequence[int],
+    probs: ProbabilityFn | None,
+    p_min: float,
+    rng: np.random.Generator,
+) -> tuple[int, npt.NDArray[np.float32] | None] | None:
+    """One draft token from a drafting model's logits row, and the q it was drawn from.
+
+    Greedy (``probs`` None): the argmax, q one-hot (None). Sampled: a draw from q, the target's
+    own transforms applied to the row. None when the drafter's top probability is under
+    ``p_min``: the draft should stop there.
+    """
+    if probs is None:
+        if p_min > 0.0 and _top_probability(row) < p_min:
+            return None
+        return int(np.argmax(row)), None
+    q = probs(row, history)
+    if p_min > 0.0 and float(q.max()) < p_min:
+        return None
+    return draw(q, rng), q
+
+
+def _top_probability(row: npt.NDArray[np.float32]) -> float:
+    shifted = row.astype(np.float64) - float(np.max(row))
+    return float(1.0 / np.exp(shifted).sum())

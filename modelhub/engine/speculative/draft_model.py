@@ -17,8 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from modelhub.engine.llama import LlamaContext, LlamaModel
-from modelhub.engine.speculative.base import ProbabilityFn, Proposal
-from modelhub.engine.speculative.verify import draw
+from modelhub.engine.speculative.base import ProbabilityFn, Proposal, pick_draft
 
 log = logging.getLogger("modelhub.engine")
 
@@ -99,16 +98,11 @@ class DraftModelDrafter:
         dists: list[npt.NDArray[np.float32]] = []
         history = list(tokens)
         for i in range(max_tokens):
-            row = self._row()
-            if probs is None:
-                token = int(np.argmax(row))
-                if self.p_min > 0.0 and _top_probability(row) < self.p_min:
-                    break
-            else:
-                q = probs(row, history)
-                if self.p_min > 0.0 and float(q.max()) < self.p_min:
-                    break
-                token = draw(q, self.rng)
+            picked = pick_draft(self._row(), history, probs, self.p_min, self.rng)
+            if picked is None:
+                break
+            token, q = picked
+            if q is not None:
                 dists.append(q)
             drafts.append(token)
             history.append(token)
@@ -146,8 +140,3 @@ class DraftModelDrafter:
     def close(self) -> None:
         self.ctx.close()
         self.model.close()
-
-
-def _top_probability(row: npt.NDArray[np.float32]) -> float:
-    shifted = row.astype(np.float64) - float(np.max(row))
-    return float(1.0 / np.exp(shifted).sum())

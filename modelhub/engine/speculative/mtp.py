@@ -27,8 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from modelhub.engine.llama import LlamaContext, LlamaModel
-from modelhub.engine.speculative.base import ProbabilityFn, Proposal
-from modelhub.engine.speculative.verify import draw
+from modelhub.engine.speculative.base import ProbabilityFn, Proposal, pick_draft
 from modelhub.errors import DraftError
 
 log = logging.getLogger("modelhub.engine")
@@ -198,15 +197,11 @@ class MtpDrafter:
                 else:
                     self._decode([chain[-1]], head=0, logits_last=True)
                 row = self.ctx.last_logits()
-                if probs is None:
-                    token = int(np.argmax(row))
-                    if self.p_min > 0.0 and _top_probability(row) < self.p_min:
-                        break
-                else:
-                    q = probs(row, history)
-                    if self.p_min > 0.0 and float(q.max()) < self.p_min:
-                        break
-                    token = draw(q, self.rng)
+                picked = pick_draft(row, history, probs, self.p_min, self.rng)
+                if picked is None:
+                    break
+                token, q = picked
+                if q is not None:
                     dists.append(q)
                 drafts.append(token)
                 history.append(token)
@@ -268,8 +263,3 @@ class MtpDrafter:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
             self.ctx.close()
-
-
-def _top_probability(row: npt.NDArray[np.float32]) -> float:
-    shifted = row.astype(np.float64) - float(np.max(row))
-    return float(1.0 / np.exp(shifted).sum())
