@@ -335,18 +335,15 @@ class Creator:
                 "model with the same tokenizer, `DRAFT mtp` or `DRAFT ngram`"
             )
         draft = self.views.gguf_info(draft_layer.digest)
-        if draft.is_mtp_drafter:
-            kind = DRAFT_MTP_DRAFTER
-        else:
-            kind = DRAFT_MODEL
-            report = check_draft_pairing(
-                target,
-                draft,
-                self.store.blob_path(model_layer.digest),
-                self.store.blob_path(draft_layer.digest),
-            )
-            for warning in report.warnings:
-                self.status(f"warning: {warning}")
+        kind = DRAFT_MTP_DRAFTER if draft.is_mtp_drafter else DRAFT_MODEL
+        report = check_draft_pairing(
+            target,
+            draft,
+            self.store.blob_path(model_layer.digest),
+            self.store.blob_path(draft_layer.digest),
+        )
+        for warning in report.warnings:
+            self.status(f"warning: {warning}")
         config["draft"] = {
             "kind": kind,
             "model_format": "gguf",

@@ -185,6 +185,18 @@ def _check_mtp_drafter(target: GGUFInfo, draft: GGUFInfo, names: tuple[str, str]
             f"draft {names[1]} is an MTP drafter for {family!r} models, but the target "
             f"{names[0]} is a {target.architecture!r} model"
         )
+    if draft.is_mtp_only:
+        if draft.architecture not in MTP_GRAPH_ARCHITECTURES:
+            raise DraftError(
+                f"draft {names[1]} holds MTP heads, but llama.cpp cannot run MTP heads for "
+                f"architecture {draft.architecture!r}: use DRAFT ngram or a draft model"
+            )
+        if target.embedding_length != draft.embedding_length:
+            raise DraftError(
+                f"draft {names[1]} holds MTP heads for hidden size {draft.embedding_length}, but "
+                f"the target {names[0]} has hidden size {target.embedding_length}: it belongs to "
+                "another model"
+            )
 
 
 def check_mtp_target(target: GGUFInfo) -> None:

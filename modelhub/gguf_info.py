@@ -139,12 +139,23 @@ class GGUFInfo:
         return any(_NEXTN_TENSOR.match(n) for n in names)
 
     @property
+    def is_mtp_only(self) -> bool:
+        """Only the NextN (MTP) blocks of a model, no trunk: the separate MTP file that a
+        conversion can export next to a trunk-only target (llama.cpp's own test: the first
+        block's attention norm is absent)."""
+        names = {t.name for t in self.tensors}
+        return self.has_mtp_heads and "blk.0.attn_norm.weight" not in names
+
+    @property
     def is_mtp_drafter(self) -> bool:
+        """A file that drafts through the target's hidden states: an MTP-only file or an
+        assistant architecture such as gemma4-assistant."""
         arch = self.architecture
         return (
             arch in MTP_DRAFTER_ARCHITECTURES
             or arch.endswith("-assistant")
             or arch.endswith("_mtp")
+            or self.is_mtp_only
         )
 
 

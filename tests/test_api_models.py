@@ -206,6 +206,35 @@ def test_mtp_and_ngram(daemon: Daemon, tmp_path: Path) -> None:
     assert show["details"]["draft"] == {"kind": "ngram"}
 
 
+def test_split_mtp_heads_file_is_a_draft(daemon: Daemon, tmp_path: Path) -> None:
+    """A trunk-only target with its MTP heads in a separate file drafts like the whole model."""
+    whole = write_tiny_mtp(tmp_path / "whole.gguf")
+    trunk = write_tiny_mtp(tmp_path / "trunk.gguf", trunk_only=True)
+    heads = write_tiny_mtp(tmp_path / "heads.gguf", mtp_only=True)
+    ok(
+        daemon.cli(
+            "create", "tiny-whole", "-f", str(modelfile(tmp_path, f"FROM {whole}\nDRAFT mtp\n"))
+        )
+    )
+    split = modelfile(tmp_path, f"FROM {trunk}\nDRAFT {heads}\n")
+    ok(daemon.cli("create", "tiny-split", "-f", str(split)))
+    body = {"prompt": "the hello world", "raw": True, "stream": False}
+    body["options"] = {"temperature": 0, "num_predict": 40}
+    with daemon.client() as c:
+        show = c.post("/api/show", json={"model": "tiny-split"}).json()
+        assert show["details"]["draft"]["kind"] == "mtp_drafter"
+        want = c.post("/api/generate", json={**body, "model": "tiny-whole"}).json()
+        got = c.post("/api/generate", json={**body, "model": "tiny-split"}).json()
+    assert got["response"] == want["response"]
+    assert got["draft_count"] > 0 and got["draft_accepted_count"] > 0
+    # heads of another model are refused when the model is created
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf")
+    err = fails(
+        daemon.cli("create", "bad", "-f", str(modelfile(tmp_path, f"FROM {tiny}\nDRAFT {heads}\n")))
+    )
+    assert "MTP drafter for 'hy_v3' models" in err
+
+
 def test_malformed_gguf_is_a_clear_error(daemon: Daemon, tmp_path: Path) -> None:
     for case in ("truncated_kv", "huge_n_kv", "huge_string", "wrong_magic"):
         bad = write_malformed(tmp_path, case)

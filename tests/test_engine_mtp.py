@@ -26,6 +26,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "one": write_tiny_mtp(d / "mtp1.gguf", heads=1),
         "two": write_tiny_mtp(d / "mtp2.gguf", heads=2),
         "trunk": write_tiny_mtp(d / "trunk.gguf", trunk_only=True),
+        "heads": write_tiny_mtp(d / "heads.gguf", mtp_only=True),
         "llama": write_tiny_llama(d / "llama.gguf"),
     }
 
@@ -97,7 +98,40 @@ def test_refusals_are_clear_and_never_crash(files: dict[str, Path]) -> None:
     assert nextn_api() is not None  # this build has the staging API
 
 
-def test_external_mtp_drafter_file_serves_without_drafting(files: dict[str, Path]) -> None:
+def test_mtp_only_file_drafts_for_a_trunk_only_or_full_target(
+    files: dict[str, Path], plain: Engine
+) -> None:
+    """The heads exported on their own (an MTP-only GGUF) draft exactly as the built-in ones."""
+    prompt = plain.tokenize(PROMPTS[0])
+    expected = plain.generate(prompt, greedy())
+    with Engine(_cfg(files["one"], draft_kind="mtp", draft_num_predict=4, adaptive=False)) as own:
+        builtin = own.generate(prompt, greedy(4))
+    assert builtin.tokens == expected.tokens and builtin.draft_accepted_count > 0
+    for target in (files["trunk"], files["one"]):
+        cfg = _cfg(
+            target,
+            draft_kind="mtp",
+            draft_path=files["heads"],
+            draft_num_predict=4,
+            adaptive=False,
+        )
+        with Engine(cfg) as e:
+            assert e.drafting_disabled is None
+            for _ in range(2):  # the second request reuses the prompt cache
+                got = e.generate(prompt, greedy(4))
+                assert got.tokens == expected.tokens and got.drafter == "mtp"
+                assert (got.draft_count, got.draft_accepted_count) == (
+                    builtin.draft_count,
+                    builtin.draft_accepted_count,
+                )
+
+
+def test_mtp_only_file_of_another_model_is_refused(files: dict[str, Path]) -> None:
+    with pytest.raises(DraftError, match="MTP drafter for 'hy_v3' models"):
+        Engine(_cfg(files["llama"], draft_kind="mtp", draft_path=files["heads"]))
+
+
+def test_other_external_mtp_drafter_files_serve_without_drafting(files: dict[str, Path]) -> None:
     with Engine(_cfg(files["one"], draft_kind="mtp", draft_path=files["llama"])) as e:
         assert e.drafting_disabled is not None and "not supported" in e.drafting_disabled
         r = e.generate(e.tokenize(PROMPTS[0]), greedy(n=10))

@@ -46,6 +46,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "mtp1": write_tiny_mtp(d / "mtp1.gguf"),
         "mtp2": write_tiny_mtp(d / "mtp2.gguf", heads=2),
         "trunk_only": write_tiny_mtp(d / "trunk.gguf", trunk_only=True),
+        "mtp_only": write_tiny_mtp(d / "heads.gguf", mtp_only=True),
     }
 
 
@@ -162,6 +163,9 @@ def test_mtp_heads(files: dict[str, Path]) -> None:
     assert not one.is_mtp_drafter
     trunk = read_gguf_info(files["trunk_only"])
     assert trunk.nextn_layers == 1 and not trunk.has_mtp_heads
+    heads = read_gguf_info(files["mtp_only"])
+    assert heads.has_mtp_heads and heads.is_mtp_only and heads.is_mtp_drafter
+    assert not one.is_mtp_only and not trunk.is_mtp_only and not trunk.is_mtp_drafter
 
 
 def test_mtp_drafter_architectures(files: dict[str, Path]) -> None:

@@ -95,12 +95,12 @@ class Engine:
         self._lock = threading.Lock()
         self._embed_ctx: LlamaContext | None = None
         self.drafting_disabled: str | None = None
-        if cfg.draft_kind == "mtp" and cfg.draft_path is not None:
+        if cfg.draft_kind == "mtp" and cfg.draft_path is not None and not _mtp_only(cfg):
             # gemma4-assistant style drafters share the target's KV cache through ctx_other;
             # that path is not implemented (or testable here): serve without drafting.
             self.drafting_disabled = (
-                f"external MTP drafter files ({Path(cfg.draft_path).name}) are not supported "
-                "by this engine yet"
+                f"external MTP drafter files other than MTP-only GGUFs "
+                f"({Path(cfg.draft_path).name}) are not supported by this engine yet"
             )
         elif self.model.is_recurrent or self.model.is_hybrid:
             # Partial KV removal is impossible there; checkpoints are not implemented.
@@ -473,3 +473,10 @@ class Engine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _mtp_only(cfg: EngineConfig) -> bool:
+    """True when the configured MTP draft file holds only a model's NextN heads."""
+    from modelhub.gguf_info import read_gguf_info
+
+    return cfg.draft_path is not None and read_gguf_info(Path(cfg.draft_path)).is_mtp_only

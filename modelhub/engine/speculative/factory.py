@@ -64,11 +64,10 @@ def make_drafter(
     if cfg.draft_kind == "mtp":
         from modelhub.engine.speculative.mtp import MtpDrafter
 
-        return MtpDrafter(
-            target,
-            target_ctx,
-            n_threads=n_threads,
-            p_min=cfg.draft_p_min,
+        if cfg.draft_path is None:
+            return MtpDrafter(target, target_ctx, n_threads=n_threads, p_min=cfg.draft_p_min)
+        return MtpDrafter.from_file(
+            Path(cfg.draft_path), target, target_ctx, n_threads=n_threads, p_min=cfg.draft_p_min
         )
     if cfg.draft_kind == "ngram":
         return ngram_drafter(target.path)

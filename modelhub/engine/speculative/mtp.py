@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 import llama_cpp
@@ -59,43 +60,48 @@ def nextn_api() -> ModuleType:
     return llama_cpp_ext
 
 
-def _check_target(target: LlamaModel) -> None:
+def _check_heads(heads: LlamaModel) -> None:
     from modelhub.draft_pairing import check_mtp_target
     from modelhub.gguf_info import read_gguf_info
 
-    check_mtp_target(read_gguf_info(target.path))
-    if not target.load_mtp:
-        raise DraftError("the target was loaded without its MTP tensors (load_mtp is off)")
-    if target.n_layer_nextn <= 0:
-        raise DraftError(f"{target.path.name}: llama.cpp loaded no NextN layers")
+    check_mtp_target(read_gguf_info(heads.path))
+    if not heads.load_mtp:
+        raise DraftError("the model was loaded without its MTP tensors (load_mtp is off)")
+    if heads.n_layer_nextn <= 0:
+        raise DraftError(f"{heads.path.name}: llama.cpp loaded no NextN layers")
 
 
 class MtpDrafter:
+    """Drafts with the NextN heads of ``heads``: the target model itself, or (``from_file``) a
+    separate MTP-only GGUF of the same model, fed with the target context's hidden states."""
+
     kind = "mtp"
 
     def __init__(
         self,
-        target: LlamaModel,
+        heads: LlamaModel,
         target_ctx: LlamaContext,
         *,
         n_threads: int,
         p_min: float = 0.0,
+        owns_heads: bool = False,
     ) -> None:
         self._ext = nextn_api()
-        _check_target(target)
-        width = int(llama_cpp.llama_model_n_embd_out(target.handle)) or target.n_embd
-        if width != target.n_embd:
+        _check_heads(heads)
+        width = int(llama_cpp.llama_model_n_embd_out(heads.handle)) or heads.n_embd
+        if width != target_ctx.model.n_embd:
             raise DraftError(
                 f"MTP head output width {width} differs from the target's hidden size "
-                f"{target.n_embd}"
+                f"{target_ctx.model.n_embd}"
             )
+        self._heads = heads if owns_heads else None
         self.n_embd = width
-        self.n_heads = target.n_layer_nextn
+        self.n_heads = heads.n_layer_nextn
         self.p_min = p_min
         self.rng = np.random.default_rng()
         self._target_ctx = target_ctx
         self.ctx = LlamaContext(
-            target,
+            heads,
             n_ctx=target_ctx.n_ctx,
             n_batch=target_ctx.n_batch,
             n_threads=n_threads,
@@ -120,6 +126,31 @@ class MtpDrafter:
         self._last_n = 0
         if self.n_heads > 1:
             log.info("MTP: %d chained heads (at most that many drafts per round)", self.n_heads)
+
+    @classmethod
+    def from_file(
+        cls,
+        path: Path,
+        target: LlamaModel,
+        target_ctx: LlamaContext,
+        *,
+        n_threads: int,
+        p_min: float = 0.0,
+    ) -> MtpDrafter:
+        """Heads from an MTP-only GGUF (checked against the target before it is loaded)."""
+        from modelhub.draft_pairing import check_draft_pairing
+        from modelhub.gguf_info import read_gguf_info
+
+        info = read_gguf_info(path, with_tokens=True)
+        if not info.is_mtp_only:
+            raise DraftError(f"{path.name} is not an MTP-only GGUF (NextN blocks without a trunk)")
+        check_draft_pairing(read_gguf_info(target.path, with_tokens=True), info, target.path, path)
+        heads = LlamaModel(path, load_mtp=True)
+        try:
+            return cls(heads, target_ctx, n_threads=n_threads, p_min=p_min, owns_heads=True)
+        except BaseException:
+            heads.close()
+            raise
 
     # ---- keeping the MTP cache in step with the target ----------------------------------------
     def _hidden_before(self, pos: int) -> npt.NDArray[np.float32] | None:
@@ -263,3 +294,6 @@ class MtpDrafter:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
             self.ctx.close()
+        if getattr(self, "_heads", None) is not None:
+            self._heads.close()
+            self._heads = None
