@@ -294,6 +294,7 @@ class MtpDrafter:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
             self.ctx.close()
-        if getattr(self, "_heads", None) is not None:
-            self._heads.close()
+        heads = getattr(self, "_heads", None)
+        if heads is not None:
+            heads.close()
             self._heads = None
