@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from modelhub.errors import GGUFError
 from modelhub.gguf_info import (
-    ArraySummary,
     GGUFInfo,
     capabilities,
     format_parameter_count,
@@ -26,6 +25,7 @@ from modelhub.gguf_info import (
     read_gguf_info,
     read_tokens,
 )
+from modelhub.gguf_reader import ArraySummary
 from tests.fixtures.synthetic import (
     CHAT_TEMPLATE,
     MALFORMED_CASES,
