@@ -96,6 +96,34 @@ def test_an_edit_wastes_at_most_one_round_of_drafts() -> None:
     assert drafter.realignments == 1
 
 
+def test_guesses_after_a_tentative_realignment_are_rated_lower() -> None:
+    prediction = distinct_tokens(400, seed=8)
+    drafter = PredictionDrafter(prediction)
+    tokens = [*PROMPT, *prediction[:50]]
+    drafter.begin(PROMPT)
+    confident = drafter.propose(tokens, K)
+    assert confident.confidence is not None and len(confident.confidence) == K
+    # The output departs with one new token: the drafter guesses a one-token substitution.
+    tokens = [*tokens, 5]
+    drafter.commit(tokens)
+    guessed = drafter.propose(tokens, K)
+    assert guessed.tokens == prediction[51 : 51 + K]
+    assert guessed.confidence is not None
+    # the first guess rests on a guessed alignment; the rest follow it like a confirmed copy
+    confirmed = drafter.acceptance.estimate("confirmed")
+    assert guessed.confidence[0] == drafter.acceptance.estimate("tentative") < confirmed
+    assert guessed.confidence[1:] == [confirmed] * (K - 1)
+
+
+def test_estimates_learn_from_the_outcomes() -> None:
+    prediction = distinct_tokens(300, seed=9)
+    _, drafter = run_prediction(prediction, prediction)
+    assert drafter.acceptance.estimate("confirmed") > 0.95  # every draft was kept
+    noisy = [t if i % 3 else t + 1 for i, t in enumerate(prediction)]  # every third one differs
+    _, drafter = run_prediction(prediction, noisy)
+    assert drafter.acceptance.estimate("confirmed") < 0.8
+
+
 def test_edits_in_code_with_repeated_lines() -> None:
     vocab: dict[str, int] = {}
     prediction = words(CODE, vocab)

@@ -16,12 +16,15 @@ keeps being measured.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Generic, TypeVar
+
+C = TypeVar("C", bound=Hashable)  # an evidence class
 
 # Estimates stay inside these bounds: no evidence makes a token certain or hopeless.
 _FLOOR, _CEILING = 0.02, 0.995
 
 
-class AcceptanceByClass:
+class AcceptanceByClass(Generic[C]):
     """Decayed hit rates per evidence class, starting from a prior worth ``prior_weight`` trials.
 
     ``decay`` forgets old outcomes of a class (0.97: the last ~30 outcomes weigh most), so the
@@ -30,7 +33,7 @@ class AcceptanceByClass:
 
     def __init__(
         self,
-        priors: Mapping[Hashable, float],
+        priors: Mapping[C, float],
         *,
         default_prior: float = 0.3,
         prior_weight: float = 2.0,
@@ -40,23 +43,23 @@ class AcceptanceByClass:
         self._default = default_prior
         self._weight = prior_weight
         self._decay = decay
-        self._stats: dict[Hashable, list[float]] = {}  # class -> [hits, trials]
-        self._pending: tuple[int, list[int], list[Hashable]] | None = None
+        self._stats: dict[C, list[float]] = {}  # class -> [hits, trials]
+        self._pending: tuple[int, list[int], list[C]] | None = None
 
-    def estimate(self, cls: Hashable) -> float:
+    def estimate(self, cls: C) -> float:
         hits, trials = self._stats.get(cls) or self._prior(cls)
         return min(_CEILING, max(_FLOOR, hits / trials))
 
-    def record(self, cls: Hashable, hit: bool) -> None:
+    def record(self, cls: C, hit: bool) -> None:
         stats = self._stats.setdefault(cls, self._prior(cls))
         stats[0] = stats[0] * self._decay + (1.0 if hit else 0.0)
         stats[1] = stats[1] * self._decay + 1.0
 
-    def _prior(self, cls: Hashable) -> list[float]:
+    def _prior(self, cls: C) -> list[float]:
         p = self._priors.get(cls, self._default)
         return [p * self._weight, self._weight]
 
-    def expect(self, start: int, drafts: Sequence[int], classes: Sequence[Hashable]) -> None:
+    def expect(self, start: int, drafts: Sequence[int], classes: Sequence[C]) -> None:
         """A proposal for the positions from ``start`` on; judged by the next :meth:`judge`."""
         self._pending = (start, list(drafts), list(classes))
 

@@ -14,6 +14,11 @@ import bisect
 from collections.abc import Sequence
 
 from modelhub.engine.speculative.base import ProbabilityFn, Proposal
+from modelhub.engine.speculative.confidence import AcceptanceByClass
+
+# Starting acceptance estimates: right after a confirmed alignment the output usually goes on
+# copying the prediction; after a one-token or guessed re-alignment it is a coin toss.
+_PRIORS = {"confirmed": 0.8, "tentative": 0.4}
 
 
 class PredictionDrafter:
@@ -47,9 +52,11 @@ class PredictionDrafter:
         for i, token in enumerate(self.predicted):
             self._positions.setdefault(token, []).append(i)
         self.realignments = 0  # how often the output left a confirmed alignment (statistics)
+        self.acceptance = AcceptanceByClass(_PRIORS)
         self.begin([])
 
     def begin(self, tokens: Sequence[int]) -> None:
+        self.acceptance.forget()
         self._prompt_len = len(tokens)
         self._output: list[int] = []
         self._pos = 0  # next predicted token expected
@@ -59,6 +66,7 @@ class PredictionDrafter:
         self._departed_at = 0  # output length when the output left the prediction
 
     def commit(self, tokens: Sequence[int]) -> None:
+        self.acceptance.judge(tokens)
         output_len = len(tokens) - self._prompt_len
         if output_len < len(self._output) or (
             self._output and tokens[self._prompt_len + len(self._output) - 1] != self._output[-1]
@@ -95,7 +103,11 @@ class PredictionDrafter:
         self.commit(tokens)
         if not self._aligned or max_tokens <= 0:
             return Proposal([], None)
-        return Proposal(self.predicted[self._pos : self._pos + max_tokens], None)
+        drafts = self.predicted[self._pos : self._pos + max_tokens]
+        state = "confirmed" if self._pos == self._anchor else "tentative"
+        classes = [state, *["confirmed"] * (len(drafts) - 1)][: len(drafts)]
+        self.acceptance.expect(len(tokens), drafts, classes)
+        return Proposal(drafts, None, [self.acceptance.estimate(c) for c in classes])
 
     @property
     def position(self) -> int | None:
