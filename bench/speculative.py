@@ -11,6 +11,8 @@ d. temperature 0.8: acceptance of rejection sampling vs "sample the target and c
    (llama.cpp's rule), K = 4, Q8_0 + Q4_1. Goal: ratio >= 1.5.
 e. plain decoding through the engine vs llama-cpp-python's ``Llama.create_completion`` on the
    same GGUF. Goal: >= 0.95x.
+f. a caller-supplied prediction (OpenAI's Predicted Outputs) on the edit prompt of (c): the
+   original code (what an editor would send) and the exact output. No goal; for the record.
 
 Tokens/s counts generated tokens over generation time (prefill excluded) except in (e), where
 both sides are timed by the wall clock around the whole call. Each cell is the best of
@@ -321,8 +323,38 @@ def section_e(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows, "goal": "engine >= 0.95x llama-cpp-python"}
 
 
+def section_f(args: argparse.Namespace) -> dict[str, Any]:
+    target = realmodels.smollm2_q8_0()
+    plain = engine(target, args.threads)
+    predicting = engine(target, args.threads)
+    n = max(args.tokens, 160)
+    try:
+        edit = plain.tokenize(chat(EDIT))
+        exact = plain.generate(edit, greedy(n)).tokens
+        original = plain.tokenize(CODE, add_special=False)
+
+        def predicted(tokens: list[int]) -> Callable[[], GenerateResult]:
+            return lambda: predicting.generate(edit, greedy(n, 16), prediction=tokens)
+
+        table = {
+            "edit": compare(
+                lambda: plain.generate(edit, greedy(n)),
+                {"original code": predicted(original), "exact output": predicted(exact)},
+                args.runs,
+            )
+        }
+    finally:
+        plain.close()
+        predicting.close()
+    return {
+        "table": table,
+        "goal": "none (Predicted Outputs, K <= 16)",
+        "configs": ["original code", "exact output"],
+    }
+
+
 def report(results: dict[str, Any]) -> None:
-    for key in ("a", "b", "c"):
+    for key in ("a", "b", "c", "f"):
         if key not in results:
             continue
         sec = results[key]
@@ -367,6 +399,7 @@ TITLES = {
     "c": "n-gram drafting on an edit prompt (Q8_0 target), greedy",
     "d": "temperature 0.8: acceptance, rejection sampling vs sample-and-compare (K=4)",
     "e": "plain engine vs llama-cpp-python create_completion (Q8_0)",
+    "f": "a caller's prediction (OpenAI Predicted Outputs) on the edit prompt, greedy",
 }
 
 
@@ -383,10 +416,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sections", default="abcde")
+    parser.add_argument("--sections", default="abcdef")
     parser.add_argument("--json", type=Path, default=Path("bench-speculative.json"))
     args = parser.parse_args(argv)
-    sections = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e}
+    sections = {
+        "a": section_a,
+        "b": section_b,
+        "c": section_c,
+        "d": section_d,
+        "e": section_e,
+        "f": section_f,
+    }
     results: dict[str, Any] = {}
     conditions = {
         "machine": platform.processor() or platform.machine(),
@@ -404,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"section {key} done in {results[key]['seconds']} s", file=sys.stderr)
     report(results)
     summary: dict[str, Any] = {}
-    for key in ("a", "b", "c"):
+    for key in ("a", "b", "c", "f"):
         if key in results:
             summary[key] = {
                 c: round(statistics.median(speedups(results[key]["table"], c)), 3)
