@@ -144,6 +144,7 @@ class Settings:
     max_queue: int = 512
     noprune: bool = False
     no_autostart: bool = False
+    memory_limit: int | None = None  # bytes all loaded models may use together (None: the system's)
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -185,4 +186,16 @@ class Settings:
             max_queue=max(1, _int(get("MODELHUB_MAX_QUEUE"), 512)),
             noprune=_bool(get("MODELHUB_NOPRUNE")),
             no_autostart=_bool(get("MODELHUB_NO_AUTOSTART")),
+            memory_limit=_size(get("MODELHUB_MEMORY_LIMIT")),
         )
+
+
+def _size(value: str | None) -> int | None:
+    if not value or not _clean(value):
+        return None
+    from modelhub.memory import parse_size
+
+    try:
+        return parse_size(_clean(value))
+    except BadRequest as exc:
+        raise BadRequest(f"MODELHUB_MEMORY_LIMIT: {exc}") from None

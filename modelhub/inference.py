@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelhub.errors import BadRequest
+from modelhub.memory import estimate
 from modelhub.model_view import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM, ModelView
 from modelhub.modelfile import coerce_option
 from modelhub.scheduler import LoadSpec
@@ -112,12 +113,16 @@ def plan(
     if "stop" in runtime and isinstance(runtime["stop"], str):
         runtime["stop"] = [runtime["stop"]]
     details = view.details()
+    memory = estimate(view.info, num_ctx, config["n_batch"])
+    if config["draft_path"] and view.draft_info is not None:
+        memory = memory + estimate(view.draft_info, num_ctx, config["n_batch"])
     spec = LoadSpec.make(
         view.name.display,
         view.stored.digest,
         view.model_layer.digest if view.model_layer else "",
         config,
         details,
+        memory,
     )
     return Plan(spec=spec, options=runtime, draft_kind=engine_kind if bound > 0 else "none")
 

@@ -4,7 +4,9 @@ A runner is identified by what was loaded: the weights blob, the draft and the l
 options. Two model names over the same blob and options share one runner (as `cp` copies do).
 A request whose load options differ from the loaded runner's replaces it. Loads happen one at
 a time; at most ``max_loaded`` runners stay resident, and the least recently used idle one
-makes room.
+makes room. Memory makes room the same way: a runner starts only when its estimated needs
+(``LoadSpec.memory``) fit in what is available, after idle runners are unloaded if need be; a
+model that cannot fit even with every other runner unloaded is refused before it starts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelhub.errors import ModelhubError
+from modelhub.memory import InsufficientMemory, MemoryEstimate, available_bytes, gib
 from modelhub.runner_process import RunnerProcess
 
 log = logging.getLogger("modelhub.scheduler")
@@ -39,6 +42,7 @@ class LoadSpec:
     model_blob: str  # weights digest: the runner identity with ``config``
     config: tuple[tuple[str, Any], ...]
     details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    memory: MemoryEstimate = field(default_factory=MemoryEstimate, compare=False, hash=False)
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, Any], ...]]:
@@ -46,7 +50,12 @@ class LoadSpec:
 
     @staticmethod
     def make(
-        name: str, digest: str, model_blob: str, config: dict[str, Any], details: dict[str, Any]
+        name: str,
+        digest: str,
+        model_blob: str,
+        config: dict[str, Any],
+        details: dict[str, Any],
+        memory: MemoryEstimate | None = None,
     ) -> LoadSpec:
         return LoadSpec(
             name,
@@ -54,6 +63,7 @@ class LoadSpec:
             model_blob,
             tuple(sorted((k, _freeze(v)) for k, v in config.items())),
             dict(details),
+            memory or MemoryEstimate(),
         )
 
 
@@ -91,9 +101,15 @@ class Loaded:
 
 class Scheduler:
     def __init__(
-        self, *, max_loaded: int = 3, default_keep_alive: float = 300.0, max_queue: int = 512
+        self,
+        *,
+        max_loaded: int = 3,
+        default_keep_alive: float = 300.0,
+        max_queue: int = 512,
+        memory_limit: int | None = None,
     ) -> None:
         self.max_loaded = max_loaded
+        self.memory_limit = memory_limit  # bytes all runners together may use (None: the system's)
         self.default_keep_alive = default_keep_alive
         self.max_queue = max_queue
         self.runners: dict[tuple[str, Any], Loaded] = {}
@@ -131,7 +147,7 @@ class Scheduler:
                 loaded = None
             if loaded is None:
                 await self._replace_same_model(spec)
-                await self._make_room()
+                await self._make_room(spec)
                 loaded = await self._load(spec, keep_alive)
             elif keep_alive is not None:
                 loaded.keep_alive = keep_alive
@@ -161,14 +177,43 @@ class Scheduler:
             await self._wait_idle(other)
             await self._drop(other)
 
-    async def _make_room(self) -> None:
-        while len(self.runners) >= self.max_loaded:
+    async def _make_room(self, spec: LoadSpec) -> None:
+        """Unload idle runners (least recently used first) until ``spec`` fits in count and in
+        memory; wait for busy ones. Refuse at once what cannot fit even with all unloaded."""
+        need = spec.memory.total
+        while True:
+            free = self._free_memory()
+            short = free is not None and need > free
+            if short and free is not None:
+                reclaimable = sum(r.spec.memory.total for r in self.runners.values())
+                if need > free + reclaimable:
+                    raise InsufficientMemory(
+                        f"model requires more system memory ({gib(need)}) than is available "
+                        f"({gib(free + reclaimable)})"
+                    )
+            if len(self.runners) < self.max_loaded and not short:
+                return
             idle = [r for r in self.runners.values() if r.active == 0]
             if idle:
-                await self._drop(min(idle, key=lambda r: r.last_used))
+                victim = min(idle, key=lambda r: r.last_used)
+                if short:
+                    log.info("unloading %s to make memory for %s", victim.spec.name, spec.name)
+                await self._drop(victim)
                 continue
             async with self._changed:
                 await self._changed.wait()
+
+    def _free_memory(self) -> int | None:
+        """Memory a new runner may use: the configured limit less what loaded runners were
+        estimated to need; or the system's available memory less the loaded runners' weights
+        (mapped from their files, those pages count as available but are in use)."""
+        loaded = self.runners.values()
+        if self.memory_limit is not None:
+            return self.memory_limit - sum(r.spec.memory.total for r in loaded)
+        available = available_bytes()
+        if available is None:
+            return None
+        return available - sum(r.spec.memory.weights for r in loaded)
 
     async def _wait_idle(self, loaded: Loaded) -> None:
         async with self._changed:

@@ -32,6 +32,7 @@ class ServerState:
             max_loaded=settings.max_loaded_models,
             default_keep_alive=settings.keep_alive,
             max_queue=settings.max_queue,
+            memory_limit=settings.memory_limit,
         )
         return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 

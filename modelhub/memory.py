@@ -1,0 +1,103 @@
+"""How much memory a runner will need, and how much there is (reliability RUN-02, SPEC-13).
+
+The estimate is made from the GGUF headers before a runner is started, so a model that cannot fit
+is refused with a message instead of being killed by the OS halfway through loading (or taking
+the machine down with it). It counts, for the target and for a draft model alike:
+
+- the weights (the file's size: llama.cpp maps them whole);
+- the KV cache at the context size: layers x context x (key + value width) x 2 bytes (F16);
+- compute buffers, roughly: a batch of logits and a batch of the widest activations, in F32.
+
+Recurrent state (Mamba-style models) is small next to the weights and is not counted. The
+figures are estimates meant to catch what cannot work, not to pack memory to the last byte.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from modelhub.errors import BadRequest, ModelhubError
+from modelhub.gguf_info import GGUFInfo
+
+_F16, _F32 = 2, 4
+_GIB = 1 << 30
+
+
+class InsufficientMemory(ModelhubError):
+    status = 500  # as Ollama
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int = 0
+    kv_cache: int = 0
+    compute: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.compute
+
+    def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
+        return MemoryEstimate(
+            self.weights + other.weights,
+            self.kv_cache + other.kv_cache,
+            self.compute + other.compute,
+        )
+
+
+def _number(info: GGUFInfo, key: str) -> int | None:
+    """An integer hyperparameter; per-layer arrays count as their largest value."""
+    value: Any = info.kv.get(f"{info.architecture}.{key}")
+    if isinstance(value, list):
+        value = max((v for v in value if isinstance(v, int)), default=None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def estimate(info: GGUFInfo, n_ctx: int, n_batch: int) -> MemoryEstimate:
+    """What one model loaded with this context and batch size needs."""
+    n_layer = (info.block_count or 0) - max(0, info.nextn_layers)
+    n_embd = info.embedding_length or 0
+    n_head = _number(info, "attention.head_count") or 0
+    n_head_kv = _number(info, "attention.head_count_kv") or n_head  # an array -> its largest
+    kv = 0
+    if n_head > 0 and n_layer > 0:
+        k_len = _number(info, "attention.key_length") or n_embd // n_head
+        v_len = _number(info, "attention.value_length") or n_embd // n_head
+        kv = n_layer * n_ctx * n_head_kv * (k_len + v_len) * _F16
+    n_ff = _number(info, "feed_forward_length") or 4 * n_embd
+    compute = n_batch * (info.vocab_size + 4 * max(n_embd, n_ff)) * _F32
+    return MemoryEstimate(weights=info.file_size, kv_cache=kv, compute=compute)
+
+
+def available_bytes() -> int | None:
+    """Memory the system can give without swapping (MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """``"8GiB"``, ``"512MB"``, ``"2g"`` or a plain byte count -> bytes (powers of 1024)."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise BadRequest(f"invalid size {text!r}: use a byte count or a size such as 8GiB or 512MB")
+    scale = 1024 ** "kmgt".find(m.group(2).lower()) * 1024 if m.group(2) else 1
+    return int(float(m.group(1)) * scale)
+
+
+def gib(n: int) -> str:
+    return f"{n / _GIB:.1f} GiB"
