@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from test_ngram import Run, simulate
 
 from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.ngram import NgramDrafter
 from modelhub.engine.speculative.prediction import PredictionDrafter
 
 K = 8
@@ -122,6 +123,19 @@ def test_estimates_learn_from_the_outcomes() -> None:
     noisy = [t if i % 3 else t + 1 for i, t in enumerate(prediction)]  # every third one differs
     _, drafter = run_prediction(prediction, noisy)
     assert drafter.acceptance.estimate("confirmed") < 0.8
+
+
+def test_a_fallback_drafts_where_the_prediction_does_not_reach() -> None:
+    """A reply that first quotes the prompt, then follows the prediction, then goes on."""
+    quoted = distinct_tokens(40, seed=10)
+    prediction = distinct_tokens(100, seed=11)
+    prompt = [*distinct_tokens(5, seed=12), *quoted, *distinct_tokens(5, seed=13)]
+    output = [*quoted, *prediction, *quoted]
+    alone = simulate(PredictionDrafter(prediction), prompt, output, K)
+    both = simulate(PredictionDrafter(prediction, fallback=NgramDrafter()), prompt, output, K)
+    assert both.accepted >= alone.accepted + 60  # the two quotes, drafted by the fallback
+    assert both.proposed - both.accepted <= 3 * K  # and few wasted guesses for it
+    assert both.rounds * 3 < alone.rounds
 
 
 def test_edits_in_code_with_repeated_lines() -> None:

@@ -44,6 +44,7 @@ from modelhub.engine.speculative.factory import (
     Seeded,
     TargetObserver,
     make_drafter,
+    ngram_drafter,
     prediction_drafter,
 )
 from modelhub.engine.textstream import Committer
@@ -118,6 +119,7 @@ class Engine:
                 self.close()
                 raise
         self._controllers: dict[str, AdaptiveDraftLength] = {}
+        self._ngram_fallback: Drafter | None = None
 
     # ---- text --------------------------------------------------------------------------------
     def tokenize(
@@ -392,8 +394,17 @@ class Engine:
         if k_max <= 0:
             return None, 0
         if prediction:
-            return prediction_drafter(prediction), k_max
+            return prediction_drafter(prediction, self._ngram()), k_max
         return self.drafter, k_max
+
+    def _ngram(self) -> Drafter:
+        """The model's n-gram drafter: the configured one, or one made for prediction requests
+        (kept, with what it learned, for the next)."""
+        if self.drafter is not None and self.drafter.kind == "ngram":
+            return self.drafter
+        if self._ngram_fallback is None:
+            self._ngram_fallback = ngram_drafter(self.model.path)
+        return self._ngram_fallback
 
     def _controller(self, kind: str, k_max: int) -> AdaptiveDraftLength:
         """One controller per drafter kind, kept across requests (costs do not change)."""

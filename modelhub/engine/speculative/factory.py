@@ -123,9 +123,10 @@ def ngram_drafter(model_path: Path) -> Drafter:
     return drafter
 
 
-def prediction_drafter(prediction: Sequence[int]) -> Drafter:
-    """A drafter for one request's caller-supplied expected output (OpenAI ``prediction``)."""
+def prediction_drafter(prediction: Sequence[int], fallback: Drafter | None = None) -> Drafter:
+    """A drafter for one request's caller-supplied expected output (OpenAI ``prediction``);
+    ``fallback`` drafts where the prediction has nothing to offer."""
     from modelhub.engine.speculative.prediction import PredictionDrafter
 
-    drafter: Drafter = PredictionDrafter(list(prediction))
+    drafter: Drafter = PredictionDrafter(list(prediction), fallback=fallback)
     return drafter

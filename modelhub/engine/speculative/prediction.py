@@ -5,7 +5,9 @@ has reached. While the output follows the prediction, it proposes the next predi
 When the output departs from it (the model inserts, deletes or replaces something), it looks for
 where the output's recent suffix occurs in the prediction at or after the last confirmed
 alignment point and resumes there, so an edit in the middle of a long prediction costs a few
-tokens, not the rest of the prediction.
+tokens, not the rest of the prediction. While the output is somewhere the prediction does not
+cover (a preamble, an inserted passage), an optional ``fallback`` drafter (the model's n-gram
+drafter) drafts instead, from the prompt and what came before.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from modelhub.engine.speculative.base import ProbabilityFn, Proposal
+from modelhub.engine.speculative.base import Drafter, ProbabilityFn, Proposal
 from modelhub.engine.speculative.confidence import AcceptanceByClass
 
 # Starting acceptance estimates: right after a confirmed alignment the output usually goes on
@@ -42,8 +44,10 @@ class PredictionDrafter:
         near_window: int = 256,
         min_far_match: int = 3,
         max_candidates: int = 4096,
+        fallback: Drafter | None = None,
     ) -> None:
         self.predicted = list(predicted_tokens)
+        self.fallback = fallback
         self.max_suffix = max_suffix
         self.near_window = near_window
         self.min_far_match = min_far_match
@@ -57,6 +61,8 @@ class PredictionDrafter:
 
     def begin(self, tokens: Sequence[int]) -> None:
         self.acceptance.forget()
+        if self.fallback is not None:
+            self.fallback.begin(tokens)
         self._prompt_len = len(tokens)
         self._output: list[int] = []
         self._pos = 0  # next predicted token expected
@@ -67,6 +73,8 @@ class PredictionDrafter:
 
     def commit(self, tokens: Sequence[int]) -> None:
         self.acceptance.judge(tokens)
+        if self.fallback is not None:
+            self.fallback.commit(tokens)
         output_len = len(tokens) - self._prompt_len
         if output_len < len(self._output) or (
             self._output and tokens[self._prompt_len + len(self._output) - 1] != self._output[-1]
@@ -101,8 +109,13 @@ class PredictionDrafter:
         self, tokens: Sequence[int], max_tokens: int, probs: ProbabilityFn | None = None
     ) -> Proposal:
         self.commit(tokens)
-        if not self._aligned or max_tokens <= 0:
+        if max_tokens <= 0:
             return Proposal([], None)
+        if not self._aligned:
+            if self.fallback is not None:
+                return self.fallback.propose(tokens, max_tokens, probs)
+            return Proposal([], None)
+        # Past the prediction's end nothing is proposed: the reply usually ends there too.
         drafts = self.predicted[self._pos : self._pos + max_tokens]
         state = "confirmed" if self._pos == self._anchor else "tentative"
         classes = [state, *["confirmed"] * (len(drafts) - 1)][: len(drafts)]
