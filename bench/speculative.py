@@ -114,6 +114,18 @@ def engine(path: Path, threads: int, **kw: Any) -> Engine:
     return Engine(EngineConfig(path, n_ctx=2048, n_threads=threads, **kw))
 
 
+def fixed_k4(target: Path, draft: Path, threads: int) -> Engine:
+    """The draft model at a fixed K = 4 (no adaptive length): llama.cpp's default setting."""
+    return engine(
+        target,
+        threads,
+        draft_kind="draft_model",
+        draft_path=draft,
+        draft_num_predict=4,
+        adaptive=False,
+    )
+
+
 def greedy(n: int, k: int | None = None) -> GenerateOptions:
     return GenerateOptions(num_predict=n, temperature=0, draft_num_predict=k)
 
@@ -183,14 +195,7 @@ def section_b(args: argparse.Namespace) -> dict[str, Any]:
     adaptive = engine(
         target, args.threads, draft_kind="draft_model", draft_path=draft, draft_num_predict=8
     )
-    fixed = engine(
-        target,
-        args.threads,
-        draft_kind="draft_model",
-        draft_path=draft,
-        draft_num_predict=4,
-        adaptive=False,
-    )
+    fixed = fixed_k4(target, draft, args.threads)
     table: dict[str, dict[str, Cell]] = {}
     try:
         for name, text in PROMPTS.items():
@@ -251,14 +256,7 @@ def section_c(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_d(args: argparse.Namespace) -> dict[str, Any]:
     target, draft = realmodels.smollm2_q8_0(), realmodels.smollm2_q4_1()
-    spec = engine(
-        target,
-        args.threads,
-        draft_kind="draft_model",
-        draft_path=draft,
-        draft_num_predict=4,
-        adaptive=False,
-    )
+    spec = fixed_k4(target, draft, args.threads)
     rows: dict[str, dict[str, float]] = {}
     try:
         for name, text in PROMPTS.items():

@@ -7,6 +7,7 @@ loaded once per module; references are computed once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -158,19 +159,7 @@ def test_sampled_speculation_accepts_most_drafts(fixed_k: Engine, prompts: list[
     got = fixed_k.generate(prompts[0], opts)
     assert len(got.tokens) == 80
     assert got.acceptance > 0.7  # rejection sampling with the draft's own q
-    compare = fixed_k.generate(
-        prompts[0],
-        GenerateOptions(
-            num_predict=80,
-            temperature=0.8,
-            top_k=40,
-            top_p=0.95,
-            min_p=0.05,
-            seed=3,
-            draft_num_predict=4,
-            sampling_verify="compare",
-        ),
-    )
+    compare = fixed_k.generate(prompts[0], dataclasses.replace(opts, sampling_verify="compare"))
     assert compare.acceptance < got.acceptance
 
 
