@@ -2,8 +2,9 @@
 
 Variables follow Ollama's, renamed: MODELHUB_HOST, MODELHUB_MODELS, MODELHUB_KEEP_ALIVE,
 MODELHUB_ORIGINS, MODELHUB_MAX_LOADED_MODELS, MODELHUB_NUM_PARALLEL, MODELHUB_NUM_THREADS,
-MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART. The YAML file (``config.yaml`` in the platformdirs
-config dir, or MODELHUB_CONFIG) uses the same names in lower case without the prefix.
+MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART, plus MODELHUB_MEMORY_LIMIT and MODELHUB_REPACK. The
+YAML file (``config.yaml`` in the platformdirs config dir, or MODELHUB_CONFIG) uses the same
+names in lower case without the prefix.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class Settings:
     noprune: bool = False
     no_autostart: bool = False
     memory_limit: int | None = None  # bytes all loaded models may use together (None: the system's)
+    repack: bool | None = None  # ggml's CPU weight repacking (None: decided per machine)
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -187,7 +189,20 @@ class Settings:
             noprune=_bool(get("MODELHUB_NOPRUNE")),
             no_autostart=_bool(get("MODELHUB_NO_AUTOSTART")),
             memory_limit=_size(get("MODELHUB_MEMORY_LIMIT")),
+            repack=_tristate("MODELHUB_REPACK", get("MODELHUB_REPACK")),
         )
+
+
+def _tristate(name: str, value: str | None) -> bool | None:
+    """``auto`` (or unset) -> None; the usual true and false words -> True / False."""
+    text = _clean(value or "").lower()
+    if text in ("", "auto"):
+        return None
+    if text in ("1", "t", "true", "yes", "on"):
+        return True
+    if text in ("0", "f", "false", "no", "off"):
+        return False
+    raise BadRequest(f"{name}={value!r}: use auto, on or off")
 
 
 def _size(value: str | None) -> int | None:

@@ -13,10 +13,12 @@ import itertools
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+from modelhub.engine.cpu import REINSTALL_HINT
 from modelhub.errors import ModelhubError
 
 log = logging.getLogger("modelhub.runner")
@@ -37,7 +39,9 @@ class RunnerProcess:
         self.reader: asyncio.Task[None] | None = None
         self.stderr_task: asyncio.Task[None] | None = None
         self.dead = False
+        self.exit_code: int | None = None
         self.exit_reason = ""
+        self.repack: bool | None = None  # what the runner was told (None: its own choice)
         self.info: dict[str, Any] = {}
         self.stderr_tail: list[str] = []
 
@@ -45,7 +49,21 @@ class RunnerProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    @property
+    def illegal_instruction(self) -> bool:
+        """The runner died of SIGILL (see ``engine.cpu``: the AMX/repacking fault)."""
+        return self.exit_code == -signal.SIGILL
+
     async def start(self, config: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+        """Start the runner and load; on any failure (or cancellation) the process is gone."""
+        try:
+            return await self._start(config, timeout)
+        except BaseException:
+            await self.kill()
+            raise
+
+    async def _start(self, config: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.repack = config.get("repack")
         env = dict(os.environ)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -64,7 +82,6 @@ class RunnerProcess:
         try:
             self.info = await asyncio.wait_for(asyncio.shield(self.loaded), timeout)
         except TimeoutError:
-            await self.kill()
             raise RunnerCrashed(f"loading {self.label} took longer than {timeout:.0f} s") from None
         return self.info
 
@@ -113,6 +130,7 @@ class RunnerProcess:
         finally:
             code = await self.proc.wait()
             self.dead = True
+            self.exit_code = code
             self.exit_reason = _describe_exit(code)
             if self.stderr_task is not None:
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
@@ -126,6 +144,14 @@ class RunnerProcess:
     def _death_message(self) -> str:
         tail = next((line for line in reversed(self.stderr_tail) if "error" in line.lower()), "")
         detail = f": {tail}" if tail else ""
+        if self.illegal_instruction:
+            detail = (
+                ": this CPU refused an instruction of llama.cpp's kernels even with weight "
+                f"repacking off; {REINSTALL_HINT}"
+                if self.repack is False
+                else ": this CPU refused an instruction of llama.cpp's repacked (AMX) kernels; "
+                "models load without repacking from now on, try again"
+            )
         return f"model runner for {self.label} stopped unexpectedly ({self.exit_reason}){detail}"
 
     async def request(self, msg: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -7,6 +7,10 @@ a time; at most ``max_loaded`` runners stay resident, and the least recently use
 makes room. Memory makes room the same way: a runner starts only when its estimated needs
 (``LoadSpec.memory``) fit in what is available, after idle runners are unloaded if need be; a
 model that cannot fit even with every other runner unloaded is refused before it starts.
+
+A runner that dies of SIGILL with repacked weights (a CPU or VM that advertises AMX without
+enabling it, see ``engine.cpu``) is started once more without repacking, and every later load
+does without it too; the log says so once, and ``/api/ps`` and ``/api/info`` show it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 from modelhub.errors import ModelhubError
 from modelhub.memory import InsufficientMemory, MemoryEstimate, available_bytes, gib
-from modelhub.runner_process import RunnerProcess
+from modelhub.runner_process import RunnerCrashed, RunnerProcess
 
 log = logging.getLogger("modelhub.scheduler")
 
@@ -107,8 +111,11 @@ class Scheduler:
         default_keep_alive: float = 300.0,
         max_queue: int = 512,
         memory_limit: int | None = None,
+        repack: bool | None = None,
     ) -> None:
         self.max_loaded = max_loaded
+        self.repack = repack  # for every runner: None lets each decide for its machine
+        self.repack_fallback: str | None = None  # why repacking was turned off after a fault
         self.memory_limit = memory_limit  # bytes all runners together may use (None: the system's)
         self.default_keep_alive = default_keep_alive
         self.max_queue = max_queue
@@ -143,6 +150,8 @@ class Scheduler:
         async with self._load_lock:
             loaded = self.runners.get(spec.key)
             if loaded is not None and not loaded.usable:
+                if loaded.process.illegal_instruction and loaded.info.get("repack"):
+                    self._repack_faulted(loaded.spec.name)
                 await self._drop(loaded)
                 loaded = None
             if loaded is None:
@@ -160,9 +169,19 @@ class Scheduler:
             return loaded
 
     async def _load(self, spec: LoadSpec, keep_alive: float | None) -> Loaded:
+        config = _thaw(spec.config)
+        if self.repack is not None:
+            config["repack"] = self.repack
         process = RunnerProcess(spec.name)
         started = time.monotonic()
-        info = await process.start(_thaw(spec.config))
+        try:
+            info = await process.start(config)
+        except RunnerCrashed:
+            if not process.illegal_instruction or config.get("repack") is False:
+                raise
+            self._repack_faulted(spec.name)
+            process = RunnerProcess(spec.name)
+            info = await process.start({**config, "repack": False})
         log.info("loaded %s in %.2f s (pid %s)", spec.name, time.monotonic() - started, process.pid)
         self.loads_total += 1
         loaded = Loaded(
@@ -170,6 +189,17 @@ class Scheduler:
         )
         self.runners[spec.key] = loaded
         return loaded
+
+    def _repack_faulted(self, name: str) -> None:
+        """A runner died of SIGILL with repacked weights: load without repacking from now on."""
+        if self.repack is False:
+            return
+        self.repack = False
+        self.repack_fallback = (
+            f"the runner for {name} died of SIGILL with repacked weights (AMX or repacked "
+            "kernels this CPU does not execute): models load without repacking from now on"
+        )
+        log.warning("%s", self.repack_fallback)
 
     async def _replace_same_model(self, spec: LoadSpec) -> None:
         """Different load options for the same weights: unload the old runner first."""

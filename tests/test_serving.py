@@ -94,14 +94,18 @@ def test_ngram_draft_is_lossless_and_counted(served: Daemon) -> None:
             "/api/generate",
             json={"model": "smol", "prompt": prompt, "options": opts, "stream": False},
         ).json()
-        spec = c.post(
-            "/api/generate",
-            json={"model": "smol-ngram", "prompt": prompt, "options": opts, "stream": False},
-        ).json()
+        # The second time, the model's n-gram pool holds the first answer: drafting is certain
+        # whatever this CPU's kernels make the model say.
+        first, spec = (
+            c.post(
+                "/api/generate",
+                json={"model": "smol-ngram", "prompt": prompt, "options": opts, "stream": False},
+            ).json()
+            for _ in range(2)
+        )
         ps = c.get("/api/ps").json()["models"]
-    assert spec["response"] == plain["response"]
-    assert spec.get("draft_count", 0) >= spec.get("draft_accepted_count", 0)
-    assert "draft_count" in spec, spec
+    assert first["response"] == spec["response"] == plain["response"]
+    assert spec["draft_count"] >= spec["draft_accepted_count"] > 0, spec
     entry = next(m for m in ps if m["name"] == "smol-ngram:latest")
     assert entry["draft"]["kind"] == "ngram"
 

@@ -13,7 +13,7 @@ import click
 import httpx
 
 from modelhub import __version__
-from modelhub.cli import bench, models, pull, run, runtime, serve
+from modelhub.cli import bench, info, models, pull, run, runtime, serve
 from modelhub.client import Client
 from modelhub.config import Settings
 from modelhub.errors import ModelhubError
@@ -94,6 +94,7 @@ cli.add_command(runtime.stop)
 cli.add_command(pull.pull)
 cli.add_command(pull.prune)
 cli.add_command(bench.bench)
+cli.add_command(info.info)
 
 
 def main() -> None:

@@ -80,6 +80,11 @@ def ps(prefix: str | None) -> None:
     if prefix:
         models = render.filter_by_prefix(models, prefix)
     click.echo(ps_table(models, datetime.now(UTC)), nl=False)
+    if any(isinstance(m, Mapping) and m.get("repack") is False for m in models):
+        click.echo(
+            "Note: weights are not repacked for this CPU (`modelhub info` says why); "
+            "generation may be slower than with repacking."
+        )
 
 
 @click.command("stop")

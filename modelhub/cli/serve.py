@@ -22,6 +22,8 @@ Environment:
   MODELHUB_NUM_THREADS        CPU threads per model (default: all cores)
   MODELHUB_MAX_QUEUE          Requests that may wait before "server busy" (default 512)
   MODELHUB_NOPRUNE            Keep unreferenced blobs when overwriting a model
+  MODELHUB_MEMORY_LIMIT       Memory all loaded models may use together (e.g. "8GiB")
+  MODELHUB_REPACK             CPU weight repacking: auto (default), on or off
   MODELHUB_CONFIG             YAML settings file (default: config.yaml in the user config dir)
 """
 

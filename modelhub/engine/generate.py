@@ -24,6 +24,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from modelhub.engine.cpu import RepackDecision, inject_fault, repack_default
 from modelhub.engine.grammar import GrammarConstraint
 from modelhub.engine.llama import LlamaContext, LlamaModel, default_threads
 from modelhub.engine.options import (
@@ -37,7 +38,7 @@ from modelhub.engine.options import (
 from modelhub.engine.sampling import Sampler
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Drafter
-from modelhub.engine.speculative.draft_model import common_prefix
+from modelhub.engine.speculative.draft_model import DraftModelDrafter, common_prefix
 from modelhub.engine.speculative.factory import (
     Closable,
     Preparing,
@@ -81,7 +82,12 @@ class Engine:
         self.cfg = cfg
         self.n_threads = cfg.n_threads if cfg.n_threads > 0 else default_threads()
         want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0 and not cfg.draft_path
-        self.model = LlamaModel(Path(cfg.model_path), load_mtp=want_mtp)
+        self.repack = (
+            RepackDecision(cfg.repack, "set by the daemon")
+            if cfg.repack is not None
+            else repack_default()
+        )
+        self.model = LlamaModel(Path(cfg.model_path), load_mtp=want_mtp, repack=self.repack.enabled)
         train = self.model.n_ctx_train
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
         try:
@@ -114,12 +120,33 @@ class Engine:
                 log.warning("drafting disabled: %s", self.drafting_disabled)
         elif drafter is None:
             try:
-                self.drafter = make_drafter(cfg, self.model, self.ctx, self.n_threads)
+                self.drafter = make_drafter(
+                    cfg, self.model, self.ctx, self.n_threads, self.repack.enabled
+                )
             except BaseException:
                 self.close()
                 raise
         self._controllers: dict[str, AdaptiveDraftLength] = {}
         self._ngram_fallback: Drafter | None = None
+        try:
+            self._warm_up()
+        except BaseException:
+            self.close()
+            raise
+
+    def _warm_up(self) -> None:
+        """Run one small batch through every loaded model, so that a CPU fault in ggml's
+        kernels (SIGILL: see ``cpu``) happens while loading, where the daemon can retry
+        without repacking, and not in a user's first request. 16 rows reach the batched
+        kernels (ggml's AMX code takes a vector path below 5 rows)."""
+        inject_fault(self.repack.enabled)
+        contexts = [self.ctx]
+        if isinstance(self.drafter, DraftModelDrafter):
+            contexts.append(self.drafter.ctx)
+        for ctx in contexts:
+            token = ctx.model.bos if ctx.model.bos >= 0 else 0
+            ctx.decode([token] * min(16, ctx.n_batch, ctx.n_ctx), 0, "last")
+            ctx.clear()
 
     # ---- text --------------------------------------------------------------------------------
     def tokenize(

@@ -76,13 +76,23 @@ def default_threads() -> int:
 class LlamaModel:
     """Weights and vocabulary of one GGUF file."""
 
-    def __init__(self, path: Path, *, load_mtp: bool = False, vocab_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        load_mtp: bool = False,
+        vocab_only: bool = False,
+        repack: bool = True,
+    ) -> None:
+        """``repack`` False keeps weights out of ggml's extra buffer types (AMX, repacked
+        layouts): llama.cpp's ``--no-repack``, the fallback for CPUs that fault on them."""
         ensure_backend()
         if not path.is_file():
             raise GGUFError(f"model file not found: {path}")
         params = llama_cpp.llama_model_default_params()
         params.load_mtp = load_mtp
         params.vocab_only = vocab_only
+        params.use_extra_bufts = repack
         _recent_messages.clear()
         handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not handle:

@@ -29,6 +29,8 @@ class EngineConfig:
     it. ``draft_path`` is the draft GGUF for ``draft_model`` (for ``mtp`` it is unused: the
     target's own NextN heads draft). ``draft_n_ctx`` caps the draft model's context (0: the
     target's); once a sequence outgrows it, that request continues without drafting.
+    ``repack`` lets ggml repack weights into its extra CPU buffer types (AMX, AVX-512/NEON
+    layouts); None decides per machine (``cpu.repack_default``), False is the SIGILL fallback.
     """
 
     model_path: Path
@@ -43,6 +45,7 @@ class EngineConfig:
     adaptive: bool = True
     embedding: bool = False
     draft_n_ctx: int = 0
+    repack: bool | None = None
 
 
 @dataclass(frozen=True)

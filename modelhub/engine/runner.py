@@ -12,7 +12,7 @@ daemon -> runner
   {"op": "cancel", "id": "..."}
   {"op": "shutdown"}
 runner -> daemon
-  {"event": "loaded", "pid": n, "n_ctx": n, "rss": bytes}
+  {"event": "loaded", "pid": n, "n_ctx": n, "rss": bytes, "repack": bool, "repack_reason": "..."}
   {"event": "load_error", "message": "..."}
   {"id": "...", "event": "prompt", "prompt_tokens": n}          (generation started)
   {"id": "...", "event": "token", "text": "...", "drafted": bool}
@@ -109,7 +109,14 @@ class Runner:
             self.send({"event": "load_error", "message": f"{type(exc).__name__}: {exc}"})
             return
         self.send(
-            {"event": "loaded", "pid": os.getpid(), "n_ctx": self.engine.n_ctx, "rss": _rss_bytes()}
+            {
+                "event": "loaded",
+                "pid": os.getpid(),
+                "n_ctx": self.engine.n_ctx,
+                "rss": _rss_bytes(),
+                "repack": self.engine.repack.enabled,
+                "repack_reason": self.engine.repack.reason,
+            }
         )
 
     # -- worker thread ------------------------------------------------------------------

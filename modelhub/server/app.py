@@ -18,6 +18,7 @@ from modelhub.config import Settings
 from modelhub.errors import ModelhubError
 from modelhub.server.metrics import CONTENT_TYPE_LATEST, RequestCounter
 from modelhub.server.routes_inference import router as inference_router
+from modelhub.server.routes_info import router as info_router
 from modelhub.server.routes_models import router as models_router
 from modelhub.server.routes_openai import router as openai_router
 from modelhub.server.security import GuardMiddleware
@@ -58,6 +59,7 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
     app.include_router(models_router)
     app.include_router(inference_router)
     app.include_router(openai_router)
+    app.include_router(info_router)
 
     @app.exception_handler(ModelhubError)
     async def modelhub_error(_: Request, exc: ModelhubError) -> Response:

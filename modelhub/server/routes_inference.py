@@ -401,6 +401,7 @@ async def ps(request: Request) -> Response:
             "expires_at": datetime.fromtimestamp(expires).astimezone().isoformat(),
             "size_vram": 0,
             "context_length": int(loaded.info.get("n_ctx") or config["n_ctx"]),
+            "repack": bool(loaded.info.get("repack", True)),
         }
         if config.get("draft_kind", "none") != "none":
             entry["draft"] = {

@@ -33,6 +33,7 @@ class ServerState:
             default_keep_alive=settings.keep_alive,
             max_queue=settings.max_queue,
             memory_limit=settings.memory_limit,
+            repack=settings.repack,
         )
         return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 

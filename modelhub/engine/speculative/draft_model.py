@@ -43,8 +43,9 @@ class DraftModelDrafter:
         n_batch: int,
         n_threads: int,
         p_min: float = 0.0,
+        repack: bool = True,
     ) -> None:
-        self.model = LlamaModel(path)
+        self.model = LlamaModel(path, repack=repack)
         train = self.model.n_ctx_train
         wanted = min(n_ctx, train) if train > 0 else n_ctx
         self.ctx = LlamaContext(self.model, n_ctx=wanted, n_batch=n_batch, n_threads=n_threads)

@@ -54,27 +54,37 @@ class Closable(Protocol):
 
 
 def make_drafter(
-    cfg: EngineConfig, target: LlamaModel, target_ctx: LlamaContext, n_threads: int
+    cfg: EngineConfig,
+    target: LlamaModel,
+    target_ctx: LlamaContext,
+    n_threads: int,
+    repack: bool = True,
 ) -> Drafter | None:
-    """The configured drafter, or None for ``draft_kind="none"`` / ``draft_num_predict=0``."""
+    """The configured drafter, or None for ``draft_kind="none"`` / ``draft_num_predict=0``.
+    ``repack`` applies to a draft file's weights as to the target's."""
     if cfg.draft_kind == "none" or cfg.draft_num_predict <= 0:
         return None
     if cfg.draft_kind == "draft_model":
-        return _draft_model(cfg, target, n_threads)
+        return _draft_model(cfg, target, n_threads, repack)
     if cfg.draft_kind == "mtp":
         from modelhub.engine.speculative.mtp import MtpDrafter
 
         if cfg.draft_path is None:
             return MtpDrafter(target, target_ctx, n_threads=n_threads, p_min=cfg.draft_p_min)
         return MtpDrafter.from_file(
-            Path(cfg.draft_path), target, target_ctx, n_threads=n_threads, p_min=cfg.draft_p_min
+            Path(cfg.draft_path),
+            target,
+            target_ctx,
+            n_threads=n_threads,
+            p_min=cfg.draft_p_min,
+            repack=repack,
         )
     if cfg.draft_kind == "ngram":
         return ngram_drafter(target.path)
     raise DraftError(f"unknown draft kind {cfg.draft_kind!r}: use none, draft_model, mtp or ngram")
 
 
-def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int) -> Drafter:
+def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int, repack: bool) -> Drafter:
     from modelhub.draft_pairing import check_draft_pairing
     from modelhub.engine.speculative.draft_model import DraftModelDrafter
     from modelhub.gguf_info import read_gguf_info
@@ -100,6 +110,7 @@ def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int) -> Draft
         n_batch=cfg.n_batch,
         n_threads=n_threads,
         p_min=cfg.draft_p_min,
+        repack=repack,
     )
 
 

@@ -136,6 +136,7 @@ class MtpDrafter:
         *,
         n_threads: int,
         p_min: float = 0.0,
+        repack: bool = True,
     ) -> MtpDrafter:
         """Heads from an MTP-only GGUF (checked against the target before it is loaded)."""
         from modelhub.draft_pairing import check_draft_pairing
@@ -145,7 +146,7 @@ class MtpDrafter:
         if not info.is_mtp_only:
             raise DraftError(f"{path.name} is not an MTP-only GGUF (NextN blocks without a trunk)")
         check_draft_pairing(read_gguf_info(target.path, with_tokens=True), info, target.path, path)
-        heads = LlamaModel(path, load_mtp=True)
+        heads = LlamaModel(path, load_mtp=True, repack=repack)
         try:
             return cls(heads, target_ctx, n_threads=n_threads, p_min=p_min, owns_heads=True)
         except BaseException:

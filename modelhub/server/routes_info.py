@@ -1,0 +1,71 @@
+"""``GET /api/info`` (a modelhub extension): the build, the devices and the daemon's choices."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from modelhub import __version__
+from modelhub.server.state import get_state
+
+router = APIRouter()
+
+_cached: dict[str, Any] | None = None
+
+
+async def _system_info() -> dict[str, Any]:
+    """llama.cpp's view of this machine, asked of a child process once per daemon."""
+    global _cached
+    if _cached is None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "modelhub.engine.sysinfo",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return {"error": "asking llama.cpp about this machine took longer than 60 s"}
+        if proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            return {"error": f"llama.cpp could not describe this machine ({tail[0]})"}
+        _cached = json.loads(out)
+    return _cached
+
+
+@router.get("/api/info")
+async def info(request: Request) -> Response:
+    state = get_state(request)
+    sched = state.scheduler
+    system = await _system_info()
+    setting = state.settings.repack
+    repack = sched.repack if sched.repack is not None else system.get("repack_default", True)
+    if sched.repack_fallback:
+        reason = sched.repack_fallback
+    elif setting is not None:
+        reason = "set by MODELHUB_REPACK"
+    else:
+        reason = str(system.get("repack_reason", ""))
+    return JSONResponse(
+        {
+            "version": __version__,
+            "address": state.settings.base_url,
+            "models_dir": str(state.settings.models_dir),
+            "system": system,
+            "repack": {
+                "enabled": repack,
+                "setting": {None: "auto", True: "on", False: "off"}[setting],
+                "fallback": sched.repack_fallback,
+                "reason": reason,
+            },
+        }
+    )
