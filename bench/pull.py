@@ -54,6 +54,7 @@ def _measure(action: str, args: argparse.Namespace) -> dict[str, float]:
     """Run one transfer in this (child) process and report time and memory."""
     import httpx
 
+    from modelhub.library.pulled import installer
     from modelhub.pull import DownloadPolicy, pull_model
     from modelhub.store import Store
 
@@ -76,7 +77,14 @@ def _measure(action: str, args: argparse.Namespace) -> dict[str, float]:
     else:
         store = Store(work / "store")
         policy = DownloadPolicy(parallel=args.parallel)  # the defaults but --parallel
-        pull_model(store, args.name, insecure=True, progress=lambda item: None, policy=policy)
+        pull_model(
+            store,
+            args.name,
+            insecure=True,
+            progress=lambda item: None,
+            install=installer(store),
+            policy=policy,
+        )
         size = sum(f.stat().st_size for f in store.blobs_dir.iterdir())
         shutil.rmtree(work / "store")
     elapsed = time.perf_counter() - started

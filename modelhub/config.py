@@ -208,9 +208,19 @@ def _tristate(name: str, value: str | None) -> bool | None:
 def _size(value: str | None) -> int | None:
     if not value or not _clean(value):
         return None
-    from modelhub.memory import parse_size
-
     try:
         return parse_size(_clean(value))
     except BadRequest as exc:
         raise BadRequest(f"MODELHUB_MEMORY_LIMIT: {exc}") from None
+
+
+_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """``"8GiB"``, ``"512MB"``, ``"2g"`` or a plain byte count -> bytes (powers of 1024)."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise BadRequest(f"invalid size {text!r}: use a byte count or a size such as 8GiB or 512MB")
+    scale = 1024 ** "kmgt".find(m.group(2).lower()) * 1024 if m.group(2) else 1
+    return int(float(m.group(1)) * scale)

@@ -253,7 +253,7 @@ def _read_sidecar(sidecar: Path) -> tuple[str, int] | None:
 
 
 def _requantized(qtype: str) -> Path:
-    from modelhub.quantize import quantize_gguf
+    from modelhub.gguf.quantize import quantize_gguf
 
     source = smollm2_q4_1()
     name = f"SmolLM2-135M-Instruct.{qtype.upper()}-from-Q4_1.gguf"

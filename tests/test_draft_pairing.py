@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from modelhub.draft_pairing import (
+from modelhub.errors import DraftError
+from modelhub.gguf.info import GGUFInfo, read_gguf_info
+from modelhub.gguf.pairing import (
     MAX_TRAILING_SPECIAL,
     PairingReport,
     check_draft_pairing,
     check_mtp_target,
 )
-from modelhub.errors import DraftError
-from modelhub.gguf_info import GGUFInfo, read_gguf_info
 from tests.fixtures.synthetic import (
     CONTROL,
     MISMATCH_FIELDS,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from modelhub.errors import GGUFError
-from modelhub.gguf_info import (
+from modelhub.gguf.info import (
     GGUFInfo,
     capabilities,
     format_parameter_count,
@@ -25,7 +25,7 @@ from modelhub.gguf_info import (
     read_gguf_info,
     read_tokens,
 )
-from modelhub.gguf_reader import ArraySummary
+from modelhub.gguf.reader import ArraySummary
 from tests.fixtures.synthetic import (
     CHAT_TEMPLATE,
     MALFORMED_CASES,

@@ -75,7 +75,7 @@ SMOLLM2_SYSTEM = (
 
 @pytest.mark.slow
 def test_smollm2_template_read_from_its_gguf() -> None:
-    from modelhub.gguf_info import read_gguf_info
+    from modelhub.gguf.info import read_gguf_info
     from tests import realmodels
 
     template = read_gguf_info(realmodels.smollm2_q4_1()).chat_template

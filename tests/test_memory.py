@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from modelhub.config import parse_size
 from modelhub.errors import BadRequest
-from modelhub.gguf_info import read_gguf_info
-from modelhub.memory import estimate, parse_size
+from modelhub.gguf.info import read_gguf_info
+from modelhub.runtime.memory import estimate
 from tests.conftest import Daemon, start_daemon
 from tests.fixtures.synthetic import write_tiny_llama, write_tiny_mamba, write_tiny_mtp
 

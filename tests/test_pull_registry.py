@@ -27,6 +27,7 @@ from modelhub.errors import (
     ModelhubError,
     NotFound,
 )
+from modelhub.library.pulled import installer
 from modelhub.pull import MANIFEST_NOT_FOUND, SourceUnavailable, pull_model
 from modelhub.store import MEDIA_TEMPLATE, Store, parse_name
 
@@ -47,6 +48,7 @@ def registry() -> RegistryServer:
 def pull(store: Store, ref: str, recorder: Recorder | None = None, **kw: object) -> str:
     kw.setdefault("insecure", True)
     kw.setdefault("policy", fast_policy())
+    kw.setdefault("install", installer(store))
     name = pull_model(store, ref, progress=recorder or Recorder(), **kw)  # type: ignore[arg-type]
     return name.display
 

@@ -22,6 +22,7 @@ from pullservers import (
 )
 
 from modelhub.errors import BadRequest, DigestMismatch, NotFound
+from modelhub.library.pulled import installer
 from modelhub.pull import SourceUnavailable, default_catalog, pull_model
 from modelhub.pull.catalog import parse_catalog
 from modelhub.store import MEDIA_DRAFT, MEDIA_PARAMS, Store, parse_name
@@ -54,6 +55,7 @@ def hub(monkeypatch: pytest.MonkeyPatch):
 
 def pull(store: Store, ref: str, recorder: Recorder | None = None, **kw: object) -> str:
     kw.setdefault("policy", fast_policy())
+    kw.setdefault("install", installer(store))
     name = pull_model(store, ref, progress=recorder or Recorder(), **kw)  # type: ignore[arg-type]
     return name.display
 

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize as gguf_quantize
 
 from modelhub.errors import BadRequest, GGUFError, ModelhubError, NotFound
-from modelhub.quantize import QUANT_TYPES, ftype_for, quantize_gguf
+from modelhub.gguf.quantize import QUANT_TYPES, ftype_for, quantize_gguf
 
 TESTS_DIR = Path(__file__).resolve().parent
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modelhub.gguf_info import read_gguf_info
+from modelhub.gguf.info import read_gguf_info
 from tests.fixtures.synthetic import (
     MALFORMED_CASES,
     MISMATCH_FIELDS,

@@ -515,6 +515,6 @@ class Engine:
 
 def _mtp_only(cfg: EngineConfig) -> bool:
     """True when the configured MTP draft file holds only a model's NextN heads."""
-    from modelhub.gguf_info import read_gguf_info
+    from modelhub.gguf.info import read_gguf_info
 
     return cfg.draft_path is not None and read_gguf_info(Path(cfg.draft_path)).is_mtp_only

@@ -9,7 +9,7 @@ from modelhub.pull.catalog import Catalog, CatalogEntry, default_catalog, load_c
 from modelhub.pull.downloader import NoSpace
 from modelhub.pull.partials import PartialInfo, partial_downloads, prune_partials
 from modelhub.pull.puller import check_reference, pull_model
-from modelhub.pull.registry import MANIFEST_NOT_FOUND
+from modelhub.pull.sources.registry import MANIFEST_NOT_FOUND
 
 __all__ = [
     "MANIFEST_NOT_FOUND",

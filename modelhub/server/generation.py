@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from modelhub.errors import ModelhubError
-from modelhub.inference import Plan
+from modelhub.runtime.planning import Plan
 from modelhub.server.state import ServerState
 
 Event = dict[str, Any]

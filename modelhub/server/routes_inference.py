@@ -13,9 +13,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from modelhub.errors import BadRequest, ModelhubError, NotFound
-from modelhub.inference import keep_alive_seconds, plan
-from modelhub.model_view import ModelView
-from modelhub.prompt import build_chat_prompt, build_generate_prompt
+from modelhub.library.views import ModelView
+from modelhub.runtime.planning import keep_alive_seconds, plan
 from modelhub.server.generation import (
     final_stats,
     now_rfc3339,
@@ -25,6 +24,7 @@ from modelhub.server.generation import (
 from modelhub.server.requests import field, model_field, read_json
 from modelhub.server.state import ServerState, get_state
 from modelhub.store import parse_name
+from modelhub.templates.prompt import build_chat_prompt, build_generate_prompt
 
 router = APIRouter()
 

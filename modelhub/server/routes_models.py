@@ -11,10 +11,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelhub.create import CreateRequest, Creator
 from modelhub.errors import BadRequest, ModelhubError, NotFound
-from modelhub.gguf_info import capabilities, model_info_for_show
-from modelhub.model_view import ModelView
+from modelhub.gguf.info import capabilities, model_info_for_show
+from modelhub.library.create import CreateRequest, Creator
+from modelhub.library.views import ModelView
 from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
 from modelhub.server.requests import field, model_field, read_json, str_map
 from modelhub.server.state import ServerState, get_state
@@ -251,7 +251,7 @@ async def create(request: Request) -> Response:
     data = await read_json(request)
     req = parse_create(data)
     stream = field(data, "stream", bool, True)
-    from modelhub.create import check_request
+    from modelhub.library.create import check_request
 
     check_request(req)  # 400s before anything is streamed
 
@@ -264,6 +264,7 @@ async def create(request: Request) -> Response:
 
 @router.post("/api/pull")
 async def pull(request: Request) -> Response:
+    from modelhub.library.pulled import installer
     from modelhub.pull import pull_model
 
     state = get_state(request)
@@ -276,7 +277,14 @@ async def pull(request: Request) -> Response:
     cancel = threading.Event()
 
     def job(emit: Any) -> None:
-        name = pull_model(state.store, ref, insecure=insecure, progress=emit, cancel=cancel)
+        name = pull_model(
+            state.store,
+            ref,
+            insecure=insecure,
+            progress=emit,
+            install=installer(state.store),
+            cancel=cancel,
+        )
         state.on_model_changed(name)
 
     return await run_streaming(job, stream, cancel)

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from modelhub.errors import BadRequest, ModelhubError, NotFound
-from modelhub.inference import keep_alive_seconds, plan
+from modelhub.runtime.planning import keep_alive_seconds, plan
 from modelhub.server.generation import collect, run_on_runner
 from modelhub.server.requests import field, read_json
 from modelhub.server.routes_inference import (

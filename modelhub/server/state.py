@@ -9,8 +9,8 @@ from typing import cast
 from fastapi import Request
 
 from modelhub.config import Settings
-from modelhub.model_view import ModelViews
-from modelhub.scheduler import Scheduler
+from modelhub.library.views import ModelViews
+from modelhub.runtime.scheduler import Scheduler
 from modelhub.server.metrics import Metrics
 from modelhub.store import ModelName, Store
 

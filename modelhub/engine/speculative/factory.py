@@ -85,9 +85,9 @@ def make_drafter(
 
 
 def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int, repack: bool) -> Drafter:
-    from modelhub.draft_pairing import check_draft_pairing
     from modelhub.engine.speculative.draft_model import DraftModelDrafter
-    from modelhub.gguf_info import read_gguf_info
+    from modelhub.gguf.info import read_gguf_info
+    from modelhub.gguf.pairing import check_draft_pairing
 
     if cfg.draft_path is None:
         raise DraftError("draft_kind 'draft_model' needs draft_path (the draft GGUF)")

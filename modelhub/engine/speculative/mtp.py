@@ -61,8 +61,8 @@ def nextn_api() -> ModuleType:
 
 
 def _check_heads(heads: LlamaModel) -> None:
-    from modelhub.draft_pairing import check_mtp_target
-    from modelhub.gguf_info import read_gguf_info
+    from modelhub.gguf.info import read_gguf_info
+    from modelhub.gguf.pairing import check_mtp_target
 
     check_mtp_target(read_gguf_info(heads.path))
     if not heads.load_mtp:
@@ -139,8 +139,8 @@ class MtpDrafter:
         repack: bool = True,
     ) -> MtpDrafter:
         """Heads from an MTP-only GGUF (checked against the target before it is loaded)."""
-        from modelhub.draft_pairing import check_draft_pairing
-        from modelhub.gguf_info import read_gguf_info
+        from modelhub.gguf.info import read_gguf_info
+        from modelhub.gguf.pairing import check_draft_pairing
 
         info = read_gguf_info(path, with_tokens=True)
         if not info.is_mtp_only:

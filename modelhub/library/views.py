@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from modelhub.errors import StoreError
-from modelhub.gguf_info import GGUFInfo, read_gguf_info, read_tokens
+from modelhub.gguf.info import GGUFInfo, read_gguf_info, read_tokens
 from modelhub.store import (
     MEDIA_ADAPTER,
     MEDIA_DRAFT,

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from modelhub.draft_pairing import check_draft_pairing, check_mtp_target
 from modelhub.errors import BadRequest, DraftError, GGUFError, ModelhubError, NotFound
-from modelhub.gguf_info import GGUFInfo, is_gguf
-from modelhub.model_view import (
+from modelhub.gguf.info import GGUFInfo, is_gguf
+from modelhub.gguf.pairing import check_draft_pairing, check_mtp_target
+from modelhub.library.views import (
     DRAFT_MODEL,
     DRAFT_MTP,
     DRAFT_MTP_DRAFTER,
@@ -126,7 +126,7 @@ def check_request(req: CreateRequest) -> None:
 
 
 def _quant_type(name: str) -> str:
-    from modelhub.quantize import QUANT_TYPES
+    from modelhub.gguf.quantize import QUANT_TYPES
 
     key = name.strip().lower()
     if key not in QUANT_TYPES:
@@ -264,7 +264,7 @@ class Creator:
 
     # -- quantisation -----------------------------------------------------------------
     def _quantize(self, layer: Layer, qtype: str, *, draft: bool = False) -> Layer:
-        from modelhub.quantize import quantize_gguf
+        from modelhub.gguf.quantize import quantize_gguf
 
         key = _quant_type(qtype)
         info = self.views.gguf_info(layer.digest)

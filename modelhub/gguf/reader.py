@@ -4,7 +4,7 @@ Every count and length in the header is checked against the bytes that actually 
 anything is allocated, arrays are capped and nesting is limited, so a hostile header is rejected
 with a ``GGUFError`` in milliseconds and bounded memory. Tensor data is never read; tensor extents
 are checked against the file size (a tensor that claims bytes beyond the end of the file is an
-error, not an out-of-bounds read later). :mod:`modelhub.gguf_info` turns a header into what the
+error, not an out-of-bounds read later). :mod:`modelhub.gguf.info` turns a header into what the
 rest of the project asks about a model.
 
 gguf.GGUFReader is deliberately not used here: it memory-maps the file and trusts the header.

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelhub.errors import BadRequest
-from modelhub.memory import estimate
-from modelhub.model_view import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM, ModelView
+from modelhub.library.views import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM, ModelView
 from modelhub.modelfile import coerce_option
-from modelhub.scheduler import LoadSpec
+from modelhub.runtime.memory import estimate
+from modelhub.runtime.scheduler import LoadSpec
 
 DEFAULT_NUM_CTX = 4096
 LOAD_KEYS = ("num_ctx", "num_batch", "num_thread", "draft_min", "draft_p_min")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from modelhub.errors import DraftError
-from modelhub.gguf_info import GGUFInfo, read_tokens
+from modelhub.gguf.info import GGUFInfo, read_tokens
 
 MAX_TRAILING_SPECIAL = 128
 SPECIAL_TOKEN_TYPES = frozenset({3, 4, 5})  # control, user-defined, unused

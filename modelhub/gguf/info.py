@@ -1,6 +1,6 @@
 """What the project asks about a GGUF model: architecture, sizes, tokenizer, MTP heads, ...
 
-:func:`read_gguf_info` reads the header through :mod:`modelhub.gguf_reader` (bounds-checked,
+:func:`read_gguf_info` reads the header through :mod:`modelhub.gguf.reader` (bounds-checked,
 tensor data never read) and keeps what the store, the Modelfile checks, ``show`` and the engine
 need, in a :class:`GGUFInfo`.
 """
@@ -16,7 +16,7 @@ from typing import Any
 from gguf import LlamaFileType
 
 from modelhub.errors import GGUFError
-from modelhub.gguf_reader import (
+from modelhub.gguf.reader import (
     GGUF_MAGIC,
     SHORT_ARRAY,
     TOKEN_TYPES_KEY,

@@ -15,12 +15,11 @@ figures are estimates meant to catch what cannot work, not to pack memory to the
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from modelhub.errors import BadRequest, ModelhubError
-from modelhub.gguf_info import GGUFInfo
+from modelhub.errors import ModelhubError
+from modelhub.gguf.info import GGUFInfo
 
 _F16, _F32 = 2, 4
 _GIB = 1 << 30
@@ -85,18 +84,6 @@ def available_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
-
-
-_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$")
-
-
-def parse_size(text: str) -> int:
-    """``"8GiB"``, ``"512MB"``, ``"2g"`` or a plain byte count -> bytes (powers of 1024)."""
-    m = _SIZE.match(text)
-    if m is None:
-        raise BadRequest(f"invalid size {text!r}: use a byte count or a size such as 8GiB or 512MB")
-    scale = 1024 ** "kmgt".find(m.group(2).lower()) * 1024 if m.group(2) else 1
-    return int(float(m.group(1)) * scale)
 
 
 def gib(n: int) -> str:

@@ -1,6 +1,6 @@
 """Quantize a GGUF file with llama.cpp (``modelhub create --quantize`` and the test models).
 
-The work runs in a child process (``python -m modelhub.quantize SRC DST TYPE``): llama.cpp
+The work runs in a child process (``python -m modelhub.gguf.quantize SRC DST TYPE``): llama.cpp
 reports some failures with a C assertion, which would otherwise abort the daemon. The output is
 written to a temporary name beside ``dst`` and renamed only when the quantizer succeeded, so a
 failure never leaves a half-written model behind.
@@ -98,12 +98,12 @@ def quantize_gguf(
     src, dst = Path(src), Path(dst)
     check_request(src, dst, qtype, allow_requantize)
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
-    cmd = [sys.executable, "-m", "modelhub.quantize", str(src), str(tmp), qtype]
+    cmd = [sys.executable, "-m", "modelhub.gguf.quantize", str(src), str(tmp), qtype]
     cmd += ["--threads", str(threads)]
     if allow_requantize:
         cmd.append("--allow-requantize")
     env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the directory holding modelhub/
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -150,7 +150,7 @@ def _run_llama_quantize(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m modelhub.quantize", description="Quantize a GGUF model with llama.cpp."
+        prog="python -m modelhub.gguf.quantize", description="Quantize a GGUF model with llama.cpp."
     )
     parser.add_argument("src", type=Path)
     parser.add_argument("dst", type=Path)

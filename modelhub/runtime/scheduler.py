@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelhub.errors import ModelhubError
-from modelhub.memory import InsufficientMemory, MemoryEstimate, available_bytes, gib
-from modelhub.runner_process import RunnerCrashed, RunnerProcess
+from modelhub.runtime.memory import InsufficientMemory, MemoryEstimate, available_bytes, gib
+from modelhub.runtime.runner_process import RunnerCrashed, RunnerProcess
 
-log = logging.getLogger("modelhub.scheduler")
+log = logging.getLogger("modelhub.runtime.scheduler")
 
 FOREVER = math.inf
 

@@ -1,0 +1,1 @@
+"""GGUF files: the bounds-checked header reader, model facts, draft pairing, quantizing."""

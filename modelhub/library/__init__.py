@@ -1,0 +1,1 @@
+"""Models as the daemon knows them: creating one from a request, reading one back."""

