@@ -16,7 +16,6 @@ above its RSS just before the transfer (goal: flat, < 100 MB above baseline).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import resource
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 
 def _rss_mb() -> float:
@@ -100,15 +99,10 @@ def _measure(action: str, args: argparse.Namespace) -> dict[str, float]:
 
 def _serve(path: Path) -> None:
     """Child process: a registry serving ``path`` as the only layer of bench/blob:latest."""
-    from pullservers import MEDIA_MANIFEST, RegistryServer
+    from devtools.pullservers import MEDIA_MANIFEST, RegistryServer
 
     registry = RegistryServer().start()
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(8 << 20):
-            hasher.update(block)
-    digest = "sha256:" + hasher.hexdigest()
-    registry.blobs[digest] = path
+    digest = registry.add_blob(path)  # served from the file, hashed with modelhub's sha256_file
     config = b'{"model_format":"gguf","architecture":"amd64","os":"linux"}'
     config_digest = registry.add_blob(config)
     manifest = {

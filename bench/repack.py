@@ -24,8 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools import realmodels  # noqa: E402
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from tests import realmodels  # noqa: E402
 
 NOTES = "The lighthouse keeper logs the weather, trims the wick, and writes to his sister. " * 16
 

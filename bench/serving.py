@@ -30,7 +30,6 @@ generated token.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -160,14 +159,6 @@ class InProcess:
 # ---- daemon ----------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
-
-
 def _cpu_seconds(pid: int) -> float:
     """utime + stime of a process (0 when it is gone)."""
     try:
@@ -228,7 +219,7 @@ class DaemonTarget:
         pythonpath: str | None = None,
     ) -> None:
         """Start ``modelhub serve``; ``pythonpath`` runs it (and its runners) from other code."""
-        from tests.conftest import start_daemon
+        from devtools.daemons import start_daemon
 
         self.name = name
         self.settings = settings
@@ -247,7 +238,9 @@ class DaemonTarget:
             raise
 
     def _create(self, model: Path) -> None:
-        digest = _sha256(model)
+        from modelhub.store import sha256_file
+
+        digest, _ = sha256_file(model)
         with model.open("rb") as body:
             r = self.client.post(f"/api/blobs/{digest}", content=body)
         if r.status_code not in (200, 201):
@@ -333,7 +326,7 @@ class DaemonTarget:
 
 
 def _free_port() -> int:
-    from tests.conftest import free_port
+    from devtools.daemons import free_port
 
     return free_port()
 
@@ -434,7 +427,7 @@ class LlamaServer:
 def resolve_model(spec: str) -> Path:
     """A GGUF path, or one of SHORTCUTS (the cached test models, fetched on first use)."""
     if spec in SHORTCUTS:
-        from tests.realmodels import smollm2_q4_1, smollm2_q8_0
+        from devtools.realmodels import smollm2_q4_1, smollm2_q8_0
 
         return smollm2_q4_1() if spec == "smollm2-q4_1" else smollm2_q8_0()
     path = Path(spec)

@@ -39,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools import realmodels  # noqa: E402
 from modelhub.engine.generate import (  # noqa: E402
     Engine,
     EngineConfig,
@@ -46,7 +47,6 @@ from modelhub.engine.generate import (  # noqa: E402
     GenerateResult,
 )
 from modelhub.engine.speculative import factory  # noqa: E402
-from tests import realmodels  # noqa: E402
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 PROMPTS = {

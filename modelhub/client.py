@@ -1,8 +1,9 @@
 """HTTP client for the modelhub daemon; also the public Python API.
 
 It speaks the Ollama-compatible ``/api/*`` routes. Failures come back as exceptions of our
-hierarchy: ``ResponseError`` for an answer of the daemon (status + its ``error`` text) and
-``ServerUnavailable`` when nothing answers, so callers never see a raw httpx traceback.
+hierarchy, typed by what the daemon answered (:func:`error_from_response`: a 404 is a
+``NotFoundError``, a 400 an ``InputError``, ...), and ``DaemonUnreachableError`` when nothing
+answers, so callers branch on classes and never see a raw httpx traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from filelock import FileLock, Timeout
 
 from modelhub import __version__
 from modelhub.config import Settings, log_dir, parse_host
-from modelhub.errors import ModelhubError, ServerUnavailable
+from modelhub.errors import DaemonUnreachableError, ModelhubError, error_for_status
 
 AUTOSTART_WAIT_SECONDS = 30.0
 _UPLOAD_CHUNK = 1 << 20
@@ -33,18 +34,17 @@ _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", "
 ProgressCallback = Callable[[int, int], None]
 
 
-class ResponseError(ModelhubError):
-    """The daemon answered with an error: ``status`` is the HTTP status, ``error`` its text.
+def error_from_response(response: httpx.Response, *, status_prefix: bool = False) -> ModelhubError:
+    """The one place where an error answer of the daemon becomes a typed error.
 
-    For an HTTP error on a streaming call the message is prefixed with the status line
-    (``404 Not Found: model 'x' not found``), as Ollama's CLI prints it; an ``{"error"}`` line
-    that arrives mid-stream is kept as it is.
+    With ``status_prefix`` (streaming calls) the message starts with the status line
+    (``404 Not Found: model 'x' not found``), as Ollama's CLI prints it.
     """
-
-    def __init__(self, error: str, status: int, *, status_prefix: bool = False) -> None:
-        self.error = error
-        message = f"{status} {_reason(status)}: {error}" if status_prefix else error
-        super().__init__(message, status)
+    text = _error_text(response)
+    status = response.status_code
+    return error_for_status(
+        status, f"{status} {_reason(status)}: {text}" if status_prefix else text
+    )
 
 
 def _reason(status: int) -> str:
@@ -57,7 +57,19 @@ def _reason(status: int) -> str:
 class Client:
     """Synchronous client for one daemon. Safe to reuse; close it (or use ``with``) when done."""
 
-    def __init__(self, host: str | None = None, *, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        host: str | None = None,
+        *,
+        timeout: float | None = None,
+        http: httpx.Client | None = None,
+    ) -> None:
+        """``http`` replaces the HTTP client (e.g. Starlette's ``TestClient`` over the app, for
+        tests that need the API but not a daemon process); its base URL is used as it is."""
+        if http is not None:
+            self._http = http
+            self.base_url = str(http.base_url).rstrip("/")
+            return
         self.base_url = parse_host(host).url if host else Settings.from_env().base_url
         # Reads may legitimately wait a long time (loading, quantizing); connecting should not.
         limits = httpx.Timeout(timeout, connect=timeout if timeout is not None else 10.0)
@@ -79,14 +91,14 @@ class Client:
 
     # -- generic plumbing ---------------------------------------------------------------
 
-    def _unavailable(self, exc: httpx.TransportError) -> ServerUnavailable:
+    def _unavailable(self, exc: httpx.TransportError) -> DaemonUnreachableError:
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-            return ServerUnavailable(
+            return DaemonUnreachableError(
                 f"could not connect to modelhub at {self.base_url}: start it with `modelhub serve`"
             )
         # Connected, then the exchange broke (daemon stopped, timeout): say so, not "start it".
         detail = str(exc) or "no detail"
-        return ServerUnavailable(
+        return DaemonUnreachableError(
             f"the connection to modelhub at {self.base_url} failed "
             f"({exc.__class__.__name__}: {detail}); see the daemon's log"
         )
@@ -97,7 +109,7 @@ class Client:
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
         if response.status_code >= 400:
-            raise ResponseError(_error_text(response), response.status_code)
+            raise error_from_response(response)
         return response
 
     def request_json(self, method: str, path: str, body: Any = None) -> Any:
@@ -111,30 +123,28 @@ class Client:
         try:
             return response.json()
         except ValueError as exc:
-            raise ResponseError(
-                f"the daemon sent a response that is not JSON: {response.text[:200]!r}",
-                response.status_code,
+            raise ModelhubError(
+                f"the daemon sent a response that is not JSON: {response.text[:200]!r}"
             ) from exc
 
     def stream(self, method: str, path: str, body: Any) -> Iterator[dict[str, Any]]:
         """Send ``body`` and yield each NDJSON object of the answer as it arrives.
 
-        Raises ``ResponseError`` on an HTTP error status or on a line carrying ``error``.
+        Raises the typed error of an HTTP error status (:func:`error_from_response`), or a
+        ``ModelhubError`` with the text of a line carrying ``error`` (a failure mid-stream).
         """
         headers = {"Accept": "application/x-ndjson"}
         try:
             with self._http.stream(method, path, json=body, headers=headers) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise ResponseError(
-                        _error_text(response), response.status_code, status_prefix=True
-                    )
+                    raise error_from_response(response, status_prefix=True)
                 for line in response.iter_lines():
                     if not line.strip():
                         continue
                     item = _decode_line(line)
                     if item.get("error"):
-                        raise ResponseError(str(item["error"]), 500)
+                        raise ModelhubError(str(item["error"]))
                     yield item
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
@@ -186,7 +196,7 @@ class Client:
         if response.status_code == 404:
             return False
         if response.status_code >= 400:
-            raise ResponseError(_error_text(response), response.status_code)
+            raise error_from_response(response)
         return True
 
     def push_blob(self, digest: str, path: Path, progress: ProgressCallback | None = None) -> None:
@@ -235,11 +245,9 @@ def _decode_line(line: str) -> dict[str, Any]:
     try:
         item = json.loads(line)
     except ValueError as exc:
-        raise ResponseError(
-            f"the daemon sent a malformed stream line: {line[:200]!r}", 500
-        ) from exc
+        raise ModelhubError(f"the daemon sent a malformed stream line: {line[:200]!r}") from exc
     if not isinstance(item, dict):
-        raise ResponseError(f"the daemon sent an unexpected stream line: {line[:200]!r}", 500)
+        raise ModelhubError(f"the daemon sent an unexpected stream line: {line[:200]!r}")
     return item
 
 
@@ -258,7 +266,7 @@ def ensure_server(client: Client, settings: Settings) -> None:
         return
     hint = f"could not connect to modelhub at {client.base_url}: start it with `modelhub serve`"
     if settings.no_autostart or not is_local_address(client.base_url):
-        raise ServerUnavailable(hint)
+        raise DaemonUnreachableError(hint)
     logs = log_dir()
     logs.mkdir(parents=True, exist_ok=True)
     # One starter at a time: concurrent CLI calls would otherwise race to bind the port.
@@ -268,7 +276,7 @@ def ensure_server(client: Client, settings: Settings) -> None:
                 return
             _start_daemon(client, logs / "server.log", hint)
     except Timeout as exc:
-        raise ServerUnavailable(
+        raise DaemonUnreachableError(
             f"{hint} (another modelhub is starting one and did not finish)"
         ) from exc
 
@@ -297,14 +305,14 @@ def _start_daemon(client: Client, log_file: Path, hint: str) -> None:
         if code is not None:
             if client.heartbeat():  # another daemon won the port meanwhile
                 return
-            raise ServerUnavailable(
+            raise DaemonUnreachableError(
                 f"{hint}: the daemon started in the background exited with status {code}; "
                 f"see {log_file}{_log_tail(log_file)}"
             )
         time.sleep(0.2)
     with contextlib.suppress(OSError):
         process.terminate()
-    raise ServerUnavailable(
+    raise DaemonUnreachableError(
         f"{hint}: the daemon started in the background did not answer within "
         f"{AUTOSTART_WAIT_SECONDS:.0f} s; see {log_file}{_log_tail(log_file)}"
     )

@@ -18,7 +18,7 @@ from typing import Any
 import platformdirs
 import yaml
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 
 APP = "modelhub"
 DEFAULT_PORT = 11435
@@ -71,7 +71,7 @@ def parse_duration(value: Any) -> float:
     Numbers are seconds; strings use Go duration syntax ("5m", "1h30m", "250ms", "0", "-1m").
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise BadRequest(f"keep_alive: unsupported type {type(value).__name__!r}")
+        raise InputError(f"keep_alive: unsupported type {type(value).__name__!r}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
@@ -80,7 +80,7 @@ def parse_duration(value: Any) -> float:
             return 0.0
         if not _DURATION_RE.fullmatch(text):
             hint = "missing unit in duration" if re.fullmatch(r"-?\d+(\.\d+)?", text) else ""
-            raise BadRequest(
+            raise InputError(
                 f"keep_alive: invalid duration {text!r}"
                 + (f" ({hint}; e.g. '5m', '30s', '-1')" if hint else " (e.g. '5m', '30s', '-1')")
             )
@@ -127,9 +127,9 @@ def _file_values() -> dict[str, str]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise BadRequest(f"config file {path}: {exc}") from exc
+        raise InputError(f"config file {path}: {exc}") from exc
     if not isinstance(data, dict):
-        raise BadRequest(f"config file {path}: expected a mapping of settings")
+        raise InputError(f"config file {path}: expected a mapping of settings")
     return {f"MODELHUB_{str(k).upper()}": str(v) for k, v in data.items() if v is not None}
 
 
@@ -172,7 +172,7 @@ class Settings:
             raw = _clean(get("MODELHUB_KEEP_ALIVE") or "")
             try:  # as Ollama: a bare integer is seconds; garbage falls back to the default
                 keep_alive = parse_duration(int(raw) if re.fullmatch(r"-?\d+", raw) else raw)
-            except BadRequest:
+            except InputError:
                 keep_alive = DEFAULT_KEEP_ALIVE
         origins = tuple(o.strip() for o in (get("MODELHUB_ORIGINS") or "").split(",") if o.strip())
         return cls(
@@ -202,7 +202,7 @@ def _tristate(name: str, value: str | None) -> bool | None:
         return True
     if text in ("0", "f", "false", "no", "off"):
         return False
-    raise BadRequest(f"{name}={value!r}: use auto, on or off")
+    raise InputError(f"{name}={value!r}: use auto, on or off")
 
 
 def _size(value: str | None) -> int | None:
@@ -210,8 +210,8 @@ def _size(value: str | None) -> int | None:
         return None
     try:
         return parse_size(_clean(value))
-    except BadRequest as exc:
-        raise BadRequest(f"MODELHUB_MEMORY_LIMIT: {exc}") from None
+    except InputError as exc:
+        raise InputError(f"MODELHUB_MEMORY_LIMIT: {exc}") from None
 
 
 _SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$")
@@ -221,6 +221,6 @@ def parse_size(text: str) -> int:
     """``"8GiB"``, ``"512MB"``, ``"2g"`` or a plain byte count -> bytes (powers of 1024)."""
     m = _SIZE.match(text)
     if m is None:
-        raise BadRequest(f"invalid size {text!r}: use a byte count or a size such as 8GiB or 512MB")
+        raise InputError(f"invalid size {text!r}: use a byte count or a size such as 8GiB or 512MB")
     scale = 1024 ** "kmgt".find(m.group(2).lower()) * 1024 if m.group(2) else 1
     return int(float(m.group(1)) * scale)

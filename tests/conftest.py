@@ -1,94 +1,36 @@
-"""Shared fixtures: a real daemon on a free loopback port with a temporary store."""
+"""Shared fixtures: a clean ``MODELHUB_*`` environment for every test, and real daemons on free
+loopback ports with temporary stores (``devtools.daemons``)."""
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from devtools.daemons import Daemon, start_daemon
+
+__all__ = ["Daemon", "start_daemon"]  # still imported from here by some test files
+
+# Kept for every test: it locates the real-model cache (devtools.realmodels), it is not a
+# modelhub setting.
+KEPT_ENV = frozenset({"MODELHUB_TEST_CACHE"})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture(autouse=True)
+def _no_modelhub_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove every ``MODELHUB_*`` variable for the test, so a developer's settings (host,
+    store, keep-alive, threads...) never change its result; monkeypatch restores them after.
 
-
-@dataclass
-class Daemon:
-    url: str
-    port: int
-    models: Path
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def client(self, **kw: object) -> httpx.Client:
-        kw.setdefault("timeout", 120)
-        return httpx.Client(base_url=self.url, **kw)  # type: ignore[arg-type]
-
-    def cli(
-        self, *args: str, input: str | None = None, cwd: Path | None = None, timeout: float = 300
-    ) -> subprocess.CompletedProcess[str]:
-        """Run our CLI against this daemon, as a user would."""
-        return subprocess.run(
-            [sys.executable, "-m", "modelhub", *args],
-            env=self.env,
-            cwd=cwd,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-def start_daemon(models: Path, log: Path, extra_env: dict[str, str] | None = None) -> Daemon:
-    port = free_port()
-    env = dict(os.environ)
-    env.update(
-        {
-            "MODELHUB_HOST": f"127.0.0.1:{port}",
-            "MODELHUB_MODELS": str(models),
-            "MODELHUB_NO_AUTOSTART": "1",
-            "MODELHUB_CONFIG": str(models.parent / "no-config.yaml"),
-            "PYTHONPATH": str(ROOT),
-        }
-    )
-    env.update(extra_env or {})
-    out = log.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "modelhub", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited early:\n{log.read_text(errors='replace')}")
-        try:
-            if httpx.head(url + "/", timeout=1).status_code == 200:
-                return Daemon(url, port, models, env, proc, log)
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"daemon did not answer in 60 s:\n{log.read_text(errors='replace')}")
+    ``MODELHUB_TEST_CACHE`` is kept (see ``KEPT_ENV``): it only says where the cached test
+    models live. A test that needs a setting sets it itself (``monkeypatch.setenv``), and
+    daemons get theirs explicitly from ``devtools.daemons.daemon_env``, which also leaves the
+    inherited ``MODELHUB_*`` variables out (session-scoped daemons start before this fixture).
+    """
+    for name in list(os.environ):
+        if name.startswith("MODELHUB_") and name not in KEPT_ENV:
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="session")

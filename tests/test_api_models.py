@@ -12,19 +12,16 @@ import httpx
 import ollama
 import pytest
 
-from tests.conftest import Daemon
+from devtools.daemons import Daemon
+from devtools.realmodels import gemma3_270m, smollm2_q4_1
+from modelhub.store import sha256_file
 from tests.fixtures.synthetic import write_malformed, write_tiny_llama, write_tiny_mtp
-from tests.realmodels import gemma3_270m, smollm2_q4_1
 
 pytestmark = pytest.mark.slow
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
+    return sha256_file(path)[0]
 
 
 def modelfile(tmp: Path, text: str) -> Path:

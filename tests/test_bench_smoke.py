@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.realmodels import smollm2_q4_1
+from devtools.realmodels import smollm2_q4_1
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "serving.py"

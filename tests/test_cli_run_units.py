@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,10 @@ from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.console import Console
 
+from devtools.pullservers import serve_handler
 from modelhub.cli import bench, pull, repl, run, runtime
-from modelhub.client import Client, ResponseError
-from modelhub.errors import BadRequest
+from modelhub.client import Client
+from modelhub.errors import InputError, ModelhubError
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 1, 10, 12, 0, 0, tzinfo=UTC)
@@ -210,7 +211,7 @@ def test_keep_alive_value(text: str, value: str | float) -> None:
 
 @pytest.mark.parametrize("text", ["5 minutes", "m5", "", "1x"])
 def test_keep_alive_value_refuses_garbage(text: str) -> None:
-    with pytest.raises(BadRequest, match="invalid --keepalive"):
+    with pytest.raises(InputError, match="invalid --keepalive"):
         run.keep_alive_value(text)
 
 
@@ -534,9 +535,9 @@ def test_bench_configs() -> None:
     given_bounds = bench.configs_for({"kind": "ngram"}, [2, 8, 2])
     assert [c.label for c in given_bounds] == ["off", "≤2", "≤8"]
     assert [c.draft_num_predict for c in given_bounds] == [0, 2, 8]
-    with pytest.raises(BadRequest, match="model 'smol' has no DRAFT"):
+    with pytest.raises(InputError, match="model 'smol' has no DRAFT"):
         bench.configs_for(None, [], "model 'smol'")
-    with pytest.raises(BadRequest, match="between 1 and 64"):
+    with pytest.raises(InputError, match="between 1 and 64"):
         bench.configs_for({"kind": "ngram"}, [0])
 
 
@@ -702,12 +703,8 @@ class _Slow(BaseHTTPRequestHandler):
 def slow_server() -> Iterator[str]:
     _Slow.hung_up.clear()
     _Slow.requests.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve_handler(_Slow) as address:
+        yield address
 
 
 def test_closing_a_stream_hangs_up_on_the_server(slow_server: str) -> None:
@@ -734,19 +731,13 @@ class _Failing(BaseHTTPRequestHandler):
 
 
 def test_one_shot_error_mid_stream_ends_the_line_then_raises() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     out, err = io.StringIO(), io.StringIO()
-    try:
-        with Client(f"127.0.0.1:{server.server_address[1]}") as client:
-            body = run.generate_body("m", "p", fmt=None, keep_alive=None)
-            with pytest.raises(ResponseError, match="runner crashed"):
-                run.one_shot(
-                    client, body, verbose=True, wordwrap=False, show_draft=False, out=out, err=err
-                )
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(_Failing) as address, Client(address) as client:
+        body = run.generate_body("m", "p", fmt=None, keep_alive=None)
+        with pytest.raises(ModelhubError, match="runner crashed"):
+            run.one_shot(
+                client, body, verbose=True, wordwrap=False, show_draft=False, out=out, err=err
+            )
     assert out.getvalue() == "half\n"
     assert err.getvalue() == ""
 
@@ -802,6 +793,6 @@ def test_commands_without_a_daemon_say_so(args: list[str]) -> None:
         text=True,
         timeout=60,
     )
-    assert done.returncode == 1
+    assert done.returncode == 69  # the daemon cannot be reached (docs/cli.md, "Errors")
     assert done.stderr.startswith("Error: could not connect to modelhub at http://127.0.0.1:9")
     assert "Traceback" not in done.stderr

@@ -13,28 +13,36 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from devtools.pullservers import serve_handler
 from modelhub.cli import render
-from modelhub.cli.create_request import (
+from modelhub.cli.create_files import (
     hash_files,
     load_modelfile,
-    plan_create,
     relative_names,
     scan_gguf_directory,
 )
+from modelhub.cli.create_request import plan_create
 from modelhub.cli.main import cli
-from modelhub.client import Client, ResponseError, ensure_server, is_local_address
+from modelhub.client import Client, ensure_server, is_local_address
 from modelhub.config import Settings
-from modelhub.errors import BadRequest, InvalidName, ModelfileError, ServerUnavailable
+from modelhub.errors import (
+    DaemonUnreachableError,
+    InputError,
+    InvalidNameError,
+    ModelfileError,
+    ModelhubError,
+    NotFoundError,
+)
+from modelhub.store import sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 1, 10, 12, 0, 0, tzinfo=UTC)
@@ -247,7 +255,7 @@ def gguf(path: Path, payload: bytes = b"") -> Path:
 
 
 def sha(path: Path) -> str:
-    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha256_file(path)[0]
 
 
 def test_from_file_builds_files_with_digests(tmp_path: Path) -> None:
@@ -390,9 +398,9 @@ def test_quantize_flags(tmp_path: Path) -> None:
     gguf(tmp_path / "d.gguf")
     plan = plan_create("x", "FROM base.gguf\n", tmp_path, quantize="q8_0")
     assert plan.fields["quantize"] == "q8_0"
-    with pytest.raises(BadRequest, match=r"^--draft-quantize requires a DRAFT model$"):
+    with pytest.raises(InputError, match=r"^--draft-quantize requires a DRAFT model$"):
         plan_create("x", "FROM base.gguf\n", tmp_path, draft_quantize="q8_0")
-    with pytest.raises(BadRequest, match="DRAFT mtp is not a file"):
+    with pytest.raises(InputError, match="DRAFT mtp is not a file"):
         plan_create("x", "FROM base.gguf\nDRAFT mtp\n", tmp_path, draft_quantize="q8_0")
     plan = plan_create("x", "FROM base.gguf\nDRAFT d.gguf\n", tmp_path, draft_quantize="f16")
     assert plan.fields["draft_quantize"] == "f16"
@@ -452,21 +460,21 @@ def test_bad_values_name_their_line(tmp_path: Path) -> None:
 
 
 def test_invalid_target_name(tmp_path: Path) -> None:
-    with pytest.raises(InvalidName, match="invalid model name"):
+    with pytest.raises(InvalidNameError, match="invalid model name"):
         plan_create("bad name!", "FROM m\n", tmp_path)
 
 
 def test_load_modelfile_rules(tmp_path: Path) -> None:
-    with pytest.raises(BadRequest, match=r"Modelfile not found: nope/Modelfile \(looked for .*"):
+    with pytest.raises(InputError, match=r"Modelfile not found: nope/Modelfile \(looked for .*"):
         load_modelfile("nope/Modelfile", tmp_path)
-    with pytest.raises(BadRequest, match=r"no Modelfile in .* -f FILE"):
+    with pytest.raises(InputError, match=r"no Modelfile in .* -f FILE"):
         load_modelfile(None, tmp_path)
     gguf(tmp_path / "only.gguf")
     implicit = load_modelfile(None, tmp_path)
     assert implicit.text == "FROM .\n" and implicit.base_dir == tmp_path
-    with pytest.raises(BadRequest, match=r"only\.gguf is a GGUF model, not a Modelfile"):
+    with pytest.raises(InputError, match=r"only\.gguf is a GGUF model, not a Modelfile"):
         load_modelfile("only.gguf", tmp_path)
-    with pytest.raises(BadRequest, match="is a directory"):
+    with pytest.raises(InputError, match="is a directory"):
         load_modelfile(".", tmp_path)
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "Custom").write_text("FROM ./x.gguf\n")
@@ -542,12 +550,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def fake_daemon() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve_handler(_Handler) as address:
+        yield address
 
 
 def closed_port() -> int:
@@ -562,10 +566,10 @@ def test_client_json_calls_and_errors(fake_daemon: str) -> None:
         assert client.heartbeat()
         assert client.version() == "9.9.9"
         assert client.list() == [{"name": "a:latest"}]
-        with pytest.raises(ResponseError) as caught:
+        with pytest.raises(NotFoundError) as caught:
             client.show("nope")
         assert caught.value.status == 404 and str(caught.value) == "model 'nope:latest' not found"
-        with pytest.raises(ResponseError, match="404 page not found"):
+        with pytest.raises(NotFoundError, match="404 page not found"):
             client.request_json("GET", "/api/unknown")
 
 
@@ -574,16 +578,19 @@ def test_client_streams_and_stops_at_error_lines(fake_daemon: str) -> None:
         statuses = [item["status"] for item in client.create({"model": "ok"})]
         assert statuses == ["parsing GGUF", "warning: draft is large", "success"]
         seen = []
-        with pytest.raises(ResponseError) as caught:
+        with pytest.raises(ModelhubError) as caught:
             for item in client.create({"model": "midway"}):
                 seen.append(item["status"])
         assert seen == ["parsing GGUF", "warning: draft is large"] and str(caught.value) == "boom"
-        with pytest.raises(ResponseError) as caught:
+        assert type(caught.value) is ModelhubError  # a failure mid-stream has no status
+        with pytest.raises(InputError) as caught:
             list(client.create({"model": "refused"}))
         assert str(caught.value) == "400 Bad Request: invalid model name"
-        assert caught.value.error == "invalid model name" and caught.value.status == 400
+        assert caught.value.status == 400
         seen = []
-        with pytest.raises(ServerUnavailable, match=r"the connection to modelhub at .* failed"):
+        with pytest.raises(
+            DaemonUnreachableError, match=r"the connection to modelhub at .* failed"
+        ):
             for item in client.create({"model": "dies"}):
                 seen.append(item["status"])
         assert seen == ["parsing GGUF"]
@@ -610,12 +617,12 @@ def test_nothing_listening_is_server_unavailable(
     with Client(address) as client:
         assert not client.heartbeat()
         with pytest.raises(
-            ServerUnavailable, match=f"could not connect to modelhub at http://{address}"
+            DaemonUnreachableError, match=f"could not connect to modelhub at http://{address}"
         ):
             client.list()
     monkeypatch.setenv("MODELHUB_CONFIG", str(tmp_path / "none.yaml"))
     settings = Settings.from_env({"MODELHUB_HOST": address, "MODELHUB_NO_AUTOSTART": "1"})
-    with Client(settings.base_url) as client, pytest.raises(ServerUnavailable) as caught:
+    with Client(settings.base_url) as client, pytest.raises(DaemonUnreachableError) as caught:
         ensure_server(client, settings)
     assert str(caught.value) == (
         f"could not connect to modelhub at http://{address}: start it with `modelhub serve`"
@@ -654,7 +661,7 @@ def test_cli_errors_are_one_line_without_traceback(
 ) -> None:
     runner = CliRunner()
     result = runner.invoke(cli, ["list"], env=offline_env)
-    assert result.exit_code == 1
+    assert result.exit_code == 69  # the daemon cannot be reached (docs/cli.md, "Errors")
     assert result.stderr.startswith("Error: could not connect to modelhub at http://127.0.0.1:")
     assert "Traceback" not in result.output
 

@@ -16,10 +16,10 @@ import httpx
 import psutil
 import pytest
 
+from devtools.daemons import Daemon, start_daemon
 from modelhub.config import Settings
 from modelhub.engine.cpu import amx_advertised, amx_faults, cpu_flags, repack_default
-from modelhub.errors import BadRequest
-from tests.conftest import Daemon, start_daemon
+from modelhub.errors import InputError
 from tests.fixtures.synthetic import write_tiny_llama
 
 PROMPT = {"prompt": "a b c", "stream": False, "options": {"temperature": 0, "num_predict": 4}}
@@ -48,7 +48,7 @@ def test_repack_setting_words() -> None:
     assert Settings.from_env({"MODELHUB_REPACK": "on"}).repack is True
     assert Settings.from_env({"MODELHUB_REPACK": "auto"}).repack is None
     assert Settings.from_env({}).repack is None
-    with pytest.raises(BadRequest, match="MODELHUB_REPACK='maybe': use auto, on or off"):
+    with pytest.raises(InputError, match="MODELHUB_REPACK='maybe': use auto, on or off"):
         Settings.from_env({"MODELHUB_REPACK": "maybe"})
 
 

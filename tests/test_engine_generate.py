@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devtools.realmodels import smollm2_q8_0
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions, TokenEvent
 from modelhub.engine.grammar import format_grammar
-from modelhub.errors import BadRequest
-from tests.realmodels import smollm2_q8_0
+from modelhub.errors import InputError
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ def test_full_context_ends_with_length(target: Path) -> None:
         assert len(prompt) + len(r.tokens) == small.n_ctx + 1
         again = small.generate(prompt, greedy(-1))
         assert again.tokens == r.tokens
-        with pytest.raises(BadRequest, match="context holds"):
+        with pytest.raises(InputError, match="context holds"):
             small.generate(prompt * 3, greedy())
 
 
@@ -166,17 +166,17 @@ def test_json_schema_grammar(engine: Engine) -> None:
 
 
 def test_bad_requests_are_clear(engine: Engine) -> None:
-    with pytest.raises(BadRequest, match="empty"):
+    with pytest.raises(InputError, match="empty"):
         engine.generate([], greedy())
-    with pytest.raises(BadRequest, match="outside the vocabulary"):
+    with pytest.raises(InputError, match="outside the vocabulary"):
         engine.generate([1, 10**6], greedy())
-    with pytest.raises(BadRequest, match="grammar"):
+    with pytest.raises(InputError, match="grammar"):
         engine.generate([1, 2], greedy(grammar="root ::= (("))
-    with pytest.raises(BadRequest, match="top_p"):
+    with pytest.raises(InputError, match="top_p"):
         engine.generate([1, 2], GenerateOptions(top_p=3))
-    with pytest.raises(BadRequest, match="format"):
+    with pytest.raises(InputError, match="format"):
         format_grammar("yaml")
-    with pytest.raises(BadRequest, match="num_batch"):
+    with pytest.raises(InputError, match="num_batch"):
         EngineConfig  # noqa: B018 - the config is validated when an engine is built
         Engine(EngineConfig(Path("x.gguf"), n_batch=4, draft_kind="ngram", draft_num_predict=8))
 

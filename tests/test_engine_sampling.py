@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from modelhub.engine.sampling import Sampler, SamplingParams, softmax
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 
 N_VOCAB = 500
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
@@ -163,5 +163,5 @@ def test_seeded_sampling_is_reproducible_and_follows_p() -> None:
 )
 def test_invalid_options_are_refused_with_the_option_name(field: str, value: float) -> None:
     params = SamplingParams(**{field: value})
-    with pytest.raises(BadRequest, match=field):
+    with pytest.raises(InputError, match=field):
         Sampler(params, 10)

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from devtools.realmodels import smollm2_q4_1, smollm2_q8_0
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions, GenerateResult
-from tests.realmodels import smollm2_q4_1, smollm2_q8_0
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,7 @@ from gguf import GGUFEndian, GGUFReader, GGUFWriter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devtools import realmodels
 from modelhub.errors import GGUFError
 from modelhub.gguf.info import (
     GGUFInfo,
@@ -392,20 +393,10 @@ def _fuzz_source(factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# -- real models (downloaded once, cached by tests/realmodels.py) -----------------------
-
-try:
-    from tests import realmodels
-except ImportError:  # pragma: no cover - the helper module is written by another task
-    realmodels = None  # type: ignore[assignment]
-
-needs_realmodels = pytest.mark.skipif(
-    realmodels is None, reason="tests/realmodels.py (the cached real-model downloader) is absent"
-)
+# -- real models (downloaded once, cached by devtools/realmodels.py) --------------------
 
 
 @pytest.mark.slow
-@needs_realmodels
 def test_real_smollm2() -> None:
     path = realmodels.smollm2_q4_1()
     start = time.perf_counter()
@@ -430,7 +421,6 @@ def test_real_smollm2() -> None:
 
 
 @pytest.mark.slow
-@needs_realmodels
 def test_real_gemma3_is_another_tokenizer() -> None:
     gemma = read_gguf_info(realmodels.gemma3_270m())
     assert (gemma.architecture, gemma.file_type, gemma.vocab_size) == ("gemma3", "Q4_K_M", 262144)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from modelhub.errors import BadRequest, ModelfileError
+from modelhub.errors import InputError, ModelfileError
 from modelhub.modelfile import (
     DEPRECATED_PARAMETERS,
     PARAMETER_TYPES,
@@ -199,24 +199,32 @@ def test_parameters_ranges(line: str, message: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "value"),
+    ("name", "value", "beyond"),
     [
-        ("draft_num_predict", 0),
-        ("draft_num_predict", 64),
-        ("draft_p_min", 0.0),
-        ("draft_p_min", 1.0),
-        ("num_ctx", 0),
-        ("num_predict", -2),
-        ("num_keep", -1),
-        ("repeat_last_n", -1),
-        ("num_gpu", -1),
-        ("seed", -(2**63)),
-        ("presence_penalty", -2.0),
-        ("temperature", 0.0),
+        ("draft_num_predict", 0, -1),
+        ("draft_num_predict", 64, 65),
+        ("draft_p_min", 0.0, -0.01),
+        ("draft_p_min", 1.0, 1.01),
+        ("num_ctx", 0, -1),
+        ("num_predict", -2, -3),
+        ("num_keep", -1, -2),
+        ("repeat_last_n", -1, -2),
+        ("num_gpu", -1, -2),
+        ("seed", -(2**63), None),  # no range: only the int64 type bounds it
+        ("presence_penalty", -2.0, None),  # no range
+        ("temperature", 0.0, -0.01),
     ],
 )
-def test_parameters_range_bounds_are_inclusive(name: str, value: object) -> None:
+def test_parameters_range_bounds_are_inclusive(
+    name: str, value: float, beyond: float | None
+) -> None:
+    # The bound itself is kept, as a Modelfile PARAMETER and through the check alone...
+    assert params(f"FROM x\nPARAMETER {name} {value}") == ({name: value}, [])
     check_parameter(name, value)
+    # ...and the nearest value past it is refused, so the bound really is where it is listed.
+    if beyond is not None:
+        with pytest.raises(ModelfileError, match=f"^{name} must be .*, got {beyond}$"):
+            check_parameter(name, beyond)
 
 
 def test_draft_min_above_draft_num_predict_warns() -> None:
@@ -271,7 +279,7 @@ def test_coerce_option_accepts(name: str, value: object, expected: object) -> No
     ],
 )
 def test_coerce_option_rejects(name: str, value: object, message: str) -> None:
-    with pytest.raises(BadRequest) as caught:
+    with pytest.raises(InputError) as caught:
         coerce_option(name, value)
     assert caught.value.message.startswith(message)
     assert caught.value.status == 400

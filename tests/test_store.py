@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from modelhub.errors import InvalidDigest, InvalidName, NotFound, StoreError
+from modelhub.errors import (
+    InvalidDigestError,
+    InvalidNameError,
+    ManifestFormatError,
+    NotFoundError,
+    StoreError,
+)
 from modelhub.store import (
     MEDIA_CONFIG,
     MEDIA_DRAFT,
@@ -25,7 +31,6 @@ from modelhub.store import (
     MEDIA_TEMPLATE,
     Layer,
     Manifest,
-    ManifestFormatError,
     ModelName,
     Store,
     parse_name,
@@ -165,7 +170,7 @@ def test_manifest_shape_errors(raw: bytes) -> None:
 )
 def test_manifest_digests_are_strict(digest: object) -> None:
     doc = {"schemaVersion": 2, "config": GOOD_LAYER, "layers": [{**GOOD_LAYER, "digest": digest}]}
-    with pytest.raises((InvalidDigest, ManifestFormatError)):
+    with pytest.raises((InvalidDigestError, ManifestFormatError)):
         Manifest.from_json(json.dumps(doc).encode())
 
 
@@ -222,11 +227,11 @@ def test_wrong_size_refused(tmp_path: Path) -> None:
 
 def test_get_missing(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    with pytest.raises(NotFound, match="model 'nothing:latest' not found"):
+    with pytest.raises(NotFoundError, match="model 'nothing:latest' not found"):
         store.get(parse_name("nothing"))
-    with pytest.raises(NotFound, match="model 'x/nothing:v1' not found"):
+    with pytest.raises(NotFoundError, match="model 'x/nothing:v1' not found"):
         store.delete(parse_name("x/nothing:v1"))
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFoundError):
         store.copy(parse_name("nothing"), parse_name("other"))
 
 
@@ -543,7 +548,7 @@ def test_hostile_names_never_reach_the_filesystem(tmp_path: Path, raw: str) -> N
     store = Store(root)
     store.write_manifest(parse_name("good"), build(store, b"w"))
     before = snapshot(tmp_path)
-    with pytest.raises(InvalidName):
+    with pytest.raises(InvalidNameError):
         store.copy(parse_name("good"), parse_name(raw))
     assert snapshot(tmp_path) == before
 

@@ -14,7 +14,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from modelhub.errors import BadRequest, DigestMismatch, InvalidDigest
+from modelhub.errors import (
+    DigestMismatchError,
+    InputError,
+    InvalidDigestError,
+    NotFoundError,
+    StoreError,
+)
 from modelhub.store import Store, blob_filename, parse_digest, sha256_file
 from modelhub.store.blobs import TEMP_PREFIX
 
@@ -60,7 +66,7 @@ def test_strict_accepts_only_canonical() -> None:
 
 @pytest.mark.parametrize("text", BAD_DIGESTS)
 def test_strict_rejects(text: str) -> None:
-    with pytest.raises(InvalidDigest, match="invalid digest format"):
+    with pytest.raises(InvalidDigestError, match="invalid digest format"):
         parse_digest(text)
 
 
@@ -81,23 +87,23 @@ def test_lenient_normalises(text: str, expected: str) -> None:
     "text", ["SHA256:" + HEX, "sha256_" + HEX, "sha256:" + HEX[:63], "sha256-../x", "../x"]
 )
 def test_lenient_still_rejects(text: str) -> None:
-    with pytest.raises(InvalidDigest):
+    with pytest.raises(InvalidDigestError):
         parse_digest(text, lenient=True)
 
 
 def test_non_string_rejected() -> None:
-    with pytest.raises(InvalidDigest):
+    with pytest.raises(InvalidDigestError):
         parse_digest(None)  # type: ignore[arg-type]
 
 
 def test_blob_filename() -> None:
     assert blob_filename(GOOD) == "sha256-" + HEX
-    with pytest.raises(InvalidDigest):
+    with pytest.raises(InvalidDigestError):
         blob_filename("sha256-" + HEX)
 
 
 def test_error_message_is_bounded_and_escaped() -> None:
-    with pytest.raises(InvalidDigest) as info:
+    with pytest.raises(InvalidDigestError) as info:
         parse_digest("x" * 10_000 + "\x1b")
     assert len(str(info.value)) < 300 and "\x1b" not in str(info.value)
 
@@ -125,13 +131,13 @@ def test_any_string_is_invalid_or_a_path_inside_blobs(module_store: Store, text:
     for lenient in (False, True):
         try:
             digest = parse_digest(text, lenient=lenient)
-        except InvalidDigest:
+        except InvalidDigestError:
             continue
         path = store.blob_path(digest)
         assert path.resolve().parent == store.blobs_dir.resolve()
     try:
         path = store.blob_path(text)
-    except InvalidDigest:
+    except InvalidDigestError:
         return
     assert path.resolve().parent == store.blobs_dir.resolve()
     assert path.name == "sha256-" + text.removeprefix("sha256:")
@@ -172,7 +178,7 @@ def test_mismatch_leaves_nothing(tmp_path: Path) -> None:
     claimed = sha(b"something else")
     writer = store.blob_writer()
     writer.write(data)
-    with pytest.raises(DigestMismatch) as info:
+    with pytest.raises(DigestMismatchError) as info:
         writer.commit(claimed)
     assert str(info.value) == f'digest mismatch, expected "{claimed}", got "{sha(data)}"'
     assert info.value.status == 400
@@ -184,7 +190,7 @@ def test_invalid_expected_digest_aborts(tmp_path: Path) -> None:
     store = Store(tmp_path)
     writer = store.blob_writer()
     writer.write(b"x")
-    with pytest.raises(InvalidDigest):
+    with pytest.raises(InvalidDigestError):
         writer.commit("sha256:../../x")
     assert blob_files(store) == []
 
@@ -215,7 +221,7 @@ def test_leaving_context_without_commit_aborts(tmp_path: Path) -> None:
     with store.blob_writer() as writer:
         writer.write(b"never committed")
     assert blob_files(store) == []
-    with pytest.raises(Exception, match="after commit or abort"):
+    with pytest.raises(StoreError, match="after commit or abort"):
         writer.write(b"more")
 
 
@@ -225,7 +231,7 @@ def test_max_size(tmp_path: Path) -> None:
         writer.write(b"12345")
         writer.write(b"67890")
         assert writer.commit() == (sha(b"1234567890"), 10)
-    with pytest.raises(BadRequest, match="limit of 10 bytes"), store.blob_writer(10) as writer:
+    with pytest.raises(InputError, match="limit of 10 bytes"), store.blob_writer(10) as writer:
         writer.write(b"12345")
         writer.write(b"678901")
     assert blob_files(store) == [blob_filename(sha(b"1234567890"))]
@@ -234,7 +240,7 @@ def test_max_size(tmp_path: Path) -> None:
 def test_temp_name_never_parses_as_digest(tmp_path: Path) -> None:
     store = Store(tmp_path)
     writer = store.blob_writer()
-    with pytest.raises(InvalidDigest):
+    with pytest.raises(InvalidDigestError):
         parse_digest(writer.temp_path.name, lenient=True)
     writer.abort()
     writer.abort()  # idempotent
@@ -255,7 +261,7 @@ def test_import_refuses_non_regular_files(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for path in (fifo, tmp_path, tmp_path / "missing"):
-        with pytest.raises(BadRequest, match=str(path.name)):
+        with pytest.raises(InputError, match=str(path.name)):
             store.import_file(path)
     assert blob_files(store) == []
 
@@ -264,9 +270,9 @@ def test_read_blob_bytes_bounded(tmp_path: Path) -> None:
     store = Store(tmp_path)
     digest, _ = store.put_bytes(b"x" * 100)
     assert store.read_blob_bytes(digest, max_size=100) == b"x" * 100
-    with pytest.raises(Exception, match="larger than 99 bytes"):
+    with pytest.raises(StoreError, match="larger than 99 bytes"):
         store.read_blob_bytes(digest, max_size=99)
-    with pytest.raises(Exception, match="not found"):
+    with pytest.raises(NotFoundError, match="not found"):
         store.read_blob_bytes(GOOD)
 
 

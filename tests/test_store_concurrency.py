@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from modelhub.errors import NotFound, StoreError
+from modelhub.errors import NotFoundError, StoreError
 from modelhub.store import MEDIA_CONFIG, MEDIA_MODEL, MEDIA_TEMPLATE, Layer, Manifest, Store
 from modelhub.store import parse_name as _parse
 from modelhub.store.blobs import TEMP_PREFIX
@@ -76,7 +76,7 @@ def churn(store: Store, worker: str, rounds: int = ROUNDS) -> Counter[str]:
                     assert model.manifest.layers
             else:
                 store.prune()  # default grace: must not touch anything in flight
-        except NotFound:
+        except NotFoundError:
             op += " (not found)"
         done[op] += 1
     return done

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modelhub.errors import InvalidName
+from modelhub.errors import InvalidNameError
 from modelhub.store import (
     MEDIA_CONFIG,
     Layer,
@@ -92,25 +92,25 @@ def test_valid_names(raw: str, host: str, namespace: str, model: str, tag: str) 
 
 @pytest.mark.parametrize("raw", INVALID)
 def test_invalid_names(raw: str) -> None:
-    with pytest.raises(InvalidName) as info:
+    with pytest.raises(InvalidNameError) as info:
         parse_name(raw)
     assert str(info.value).startswith("invalid model name")
     assert info.value.status == 400
 
 
 def test_invalid_name_message_says_what_is_wrong() -> None:
-    with pytest.raises(InvalidName, match=r'invalid model name: "my.ns/m": the namespace'):
+    with pytest.raises(InvalidNameError, match=r'invalid model name: "my.ns/m": the namespace'):
         parse_name("my.ns/m")
-    with pytest.raises(InvalidName, match="at most 80"):
+    with pytest.raises(InvalidNameError, match="at most 80"):
         parse_name("x" * 300)
-    with pytest.raises(InvalidName, match="too many '/'"):
+    with pytest.raises(InvalidNameError, match="too many '/'"):
         parse_name("a/b/c/d")
-    with pytest.raises(InvalidName, match="not supported"):
+    with pytest.raises(InvalidNameError, match="not supported"):
         parse_name("m@sha256:" + "0" * 64)
 
 
 def test_message_escapes_control_characters() -> None:
-    with pytest.raises(InvalidName) as info:
+    with pytest.raises(InvalidNameError) as info:
         parse_name("a\x1b[31mred")
     assert "\x1b" not in str(info.value)
 
@@ -147,7 +147,7 @@ def test_full_and_relpath() -> None:
 def test_from_parts_validates() -> None:
     assert ModelName.from_parts("h", "n", "m", "t") == ModelName("h", "n", "m", "t")
     for bad in [("..", "n", "m", "t"), ("h", "a.b", "m", "t"), ("h", "n", "m", ".tmp-x")]:
-        with pytest.raises(InvalidName):
+        with pytest.raises(InvalidNameError):
             ModelName.from_parts(*bad)
 
 
@@ -156,7 +156,7 @@ def test_from_parts_validates() -> None:
 def test_any_text_parses_to_safe_parts_or_fails(raw: str) -> None:
     try:
         name = parse_name(raw)
-    except InvalidName:
+    except InvalidNameError:
         return
     for part in (name.host, name.namespace, name.model, name.tag):
         assert part and part.isascii()
@@ -232,5 +232,5 @@ def test_non_ascii_directory_never_matches(tmp_path: Path) -> None:
     [("..", "n", "m", "t"), ("h", "n", "..", "t"), ("h", "n", "m", ""), ("h", "a/b", "m", "t")],
 )
 def test_direct_construction_is_validated_too(parts: tuple[str, str, str, str]) -> None:
-    with pytest.raises(InvalidName):
+    with pytest.raises(InvalidNameError):
         ModelName(*parts)

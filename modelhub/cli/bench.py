@@ -22,7 +22,7 @@ from rich.table import Table
 
 from modelhub.cli.models import connect
 from modelhub.client import Client
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 
 DEFAULT_PROMPTS = (
     "Why is the sky blue? Answer in three sentences.",
@@ -78,13 +78,13 @@ def configs_for(
 ) -> list[Config]:
     """Off first, then each requested bound, or the model's own setting when none is given."""
     if not draft:
-        raise BadRequest(
+        raise InputError(
             f"{model} has no DRAFT, so there is nothing to compare: create a model with a "
             "DRAFT line (a smaller model, mtp or ngram), see docs/modelfile.md"
         )
     for bound in bounds:
         if not 1 <= bound <= 64:
-            raise BadRequest(f"--draft-num-predict must be between 1 and 64, got {bound}")
+            raise InputError(f"--draft-num-predict must be between 1 and 64, got {bound}")
     configs = [Config("off", 0)]
     if bounds:
         configs += [Config(f"≤{bound}", bound) for bound in dict.fromkeys(bounds)]

@@ -1,39 +1,32 @@
 """Turn a Modelfile into a ``POST /api/create`` request and the local files it needs uploaded.
 
-Nothing here talks to the daemon: it reads the Modelfile, resolves FROM / ADAPTER / DRAFT
-paths relative to the Modelfile's directory (absolute, ``~`` and relative forms), scans
-directories for GGUF files, and hashes files. The CLI then uploads the blobs the daemon
+Nothing here talks to the daemon: ``plan_create`` maps the parsed Modelfile onto request
+fields and the local files behind FROM / ADAPTER / DRAFT (found through
+``modelhub.cli.create_files``). The CLI then hashes those files, uploads the blobs the daemon
 lacks and sends ``CreatePlan.request(digests)``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modelhub.errors import BadRequest, InvalidName, ModelfileError
+from modelhub.cli.create_files import (
+    LocalRef,
+    expand_path,
+    files_of,
+    local_ref,
+    path_exists,
+    relative_names,
+)
+from modelhub.errors import InputError, InvalidNameError, ModelfileError
 from modelhub.modelfile import Command, parameters_from_commands, parse_modelfile
 from modelhub.modelfile.params import normalize_requires
-from modelhub.store.digests import sha256_file
 from modelhub.store.names import parse_name
 
-DEFAULT_MODELFILE = "Modelfile"
-# A Modelfile is a short text; anything this large is almost surely a model passed to -f.
-MAX_MODELFILE_BYTES = 16 * 1024 * 1024
 DRAFT_KEYWORDS = frozenset({"mtp", "ngram"})
-
-
-@dataclass
-class ModelfileSource:
-    """The Modelfile text, the directory its relative paths start from, and how to name it."""
-
-    text: str | bytes
-    base_dir: Path
-    label: str
 
 
 @dataclass
@@ -67,126 +60,6 @@ class CreatePlan:
             if group:
                 body[key] = {name: digests[path] for name, path in group.items()}
         return body
-
-
-# -- reading the Modelfile ---------------------------------------------------------------------
-
-
-def load_modelfile(file_option: str | None, cwd: Path) -> ModelfileSource:
-    """The Modelfile named by ``-f`` (relative to ``cwd``), else ``./Modelfile``, else an
-    implicit ``FROM .`` when the current directory holds GGUF files."""
-    if file_option is not None:
-        path = _absolute(Path(os.path.expanduser(file_option)), cwd)
-        if not path.exists():
-            raise BadRequest(f"Modelfile not found: {file_option} (looked for {path})")
-        if path.is_dir():
-            raise BadRequest(f"{file_option} is a directory: pass the Modelfile's path to -f")
-        return ModelfileSource(_read_modelfile(path, file_option), path.parent, file_option)
-    default = cwd / DEFAULT_MODELFILE
-    if default.is_file():
-        return ModelfileSource(_read_modelfile(default, DEFAULT_MODELFILE), cwd, DEFAULT_MODELFILE)
-    if not any(p.is_file() for p in cwd.glob("*.gguf")):
-        raise BadRequest(
-            f"no Modelfile in {cwd} (and no GGUF file to use as an implicit `FROM .`): "
-            "write a Modelfile or pass one with -f FILE"
-        )
-    return ModelfileSource("FROM .\n", cwd, "(implicit FROM .)")
-
-
-def _read_modelfile(path: Path, label: str) -> bytes:
-    try:
-        size = path.stat().st_size
-        if size > MAX_MODELFILE_BYTES:
-            raise BadRequest(
-                f"{label} is {size} bytes, too large for a Modelfile; to use a model file, "
-                f"write a Modelfile containing `FROM {label}`"
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BadRequest(f"cannot read Modelfile {label}: {exc.strerror or exc}") from exc
-    if data.startswith(b"GGUF"):
-        raise BadRequest(
-            f"{label} is a GGUF model, not a Modelfile: write a Modelfile containing `FROM {label}`"
-        )
-    return data
-
-
-# -- paths ---------------------------------------------------------------------------------------
-
-
-def _absolute(path: Path, base_dir: Path) -> Path:
-    return Path(os.path.normpath(path if path.is_absolute() else base_dir / path))
-
-
-def expand_path(value: str, base_dir: Path) -> Path:
-    """Expand a FROM/ADAPTER/DRAFT value: absolute as is, ``~``/``~user`` to a home
-    directory, anything else relative to ``base_dir`` (the Modelfile's directory)."""
-    return _absolute(Path(os.path.expanduser(value)), base_dir)
-
-
-def _exists(path: Path, command: Command) -> bool:
-    try:
-        path.stat()
-    except FileNotFoundError:
-        return False
-    except NotADirectoryError:
-        return False
-    except OSError as exc:
-        raise ModelfileError(
-            f"{command.args}: cannot access {path}: {exc.strerror or exc}", command.line
-        ) from exc
-    return True
-
-
-def scan_gguf_directory(directory: Path) -> list[Path]:
-    """The ``*.gguf`` files directly inside ``directory``, sorted by name."""
-    return sorted(p for p in directory.glob("*.gguf") if p.is_file())
-
-
-def relative_names(paths: Sequence[Path]) -> dict[str, Path]:
-    """Request names for files: their path relative to the common parent of all of them
-    (a single file is named by its base name), with forward slashes."""
-    if not paths:
-        return {}
-    if len(paths) == 1:
-        return {paths[0].name: paths[0]}
-    parent = Path(os.path.commonpath([p.parent for p in paths]))
-    return {p.relative_to(parent).as_posix(): p for p in paths}
-
-
-@dataclass
-class _LocalRef:
-    """A FROM/ADAPTER/DRAFT value that named an existing file or directory."""
-
-    command: Command
-    path: Path
-    canonical: Path
-
-
-def _local_ref(command: Command, base_dir: Path) -> _LocalRef | None:
-    path = expand_path(command.args, base_dir)
-    if not _exists(path, command):
-        return None
-    return _LocalRef(command, path, Path(os.path.realpath(path)))
-
-
-def _files_of(ref: _LocalRef, exclude: set[Path], keyword: str) -> list[Path]:
-    """The files a reference stands for; a directory scan skips files that another
-    instruction names on its own (``FROM .`` next to ``DRAFT ./draft.gguf``)."""
-    if not ref.path.is_dir():
-        return [ref.path]
-    found = [p for p in scan_gguf_directory(ref.path) if Path(os.path.realpath(p)) not in exclude]
-    if found:
-        return found
-    if any(ref.path.glob("*.safetensors")):
-        problem = "holds safetensors weights, which modelhub cannot import; convert them to GGUF"
-    elif scan_gguf_directory(ref.path):
-        problem = "holds no GGUF file besides those other instructions name"
-    else:
-        problem = "holds no GGUF file"
-    raise ModelfileError(
-        f"{keyword} {ref.command.args}: directory {ref.path} {problem}", ref.command.line
-    )
 
 
 # -- building the plan ---------------------------------------------------------------------------
@@ -228,9 +101,9 @@ def plan_from_commands(
         "ADAPTER": _named_files(adapter_refs),
     }
 
-    def files_for(keyword: str, refs: list[_LocalRef]) -> dict[str, Path]:
+    def files_for(keyword: str, refs: list[LocalRef]) -> dict[str, Path]:
         others = set().union(*(files for kind, files in named.items() if kind != keyword))
-        return relative_names(_dedupe(f for r in refs for f in _files_of(r, others, keyword)))
+        return relative_names(_dedupe(f for r in refs for f in files_of(r, others, keyword)))
 
     plan.files = files_for("FROM", from_refs)
     plan.draft_files = files_for("DRAFT", draft_refs)
@@ -262,17 +135,17 @@ def plan_from_commands(
         fields["quantize"] = quantize
     if draft_quantize:
         if draft_word is not None:
-            raise BadRequest(
+            raise InputError(
                 f"--draft-quantize requires a DRAFT model file to quantize; DRAFT {draft_word} "
                 "is not a file"
             )
         if not plan.draft_files:
-            raise BadRequest("--draft-quantize requires a DRAFT model")
+            raise InputError("--draft-quantize requires a DRAFT model")
         fields["draft_quantize"] = draft_quantize
     return plan
 
 
-def _named_files(refs: Sequence[_LocalRef]) -> set[Path]:
+def _named_files(refs: Sequence[LocalRef]) -> set[Path]:
     """Canonical paths of the references that name a file (not a directory)."""
     return {r.canonical for r in refs if not r.path.is_dir()}
 
@@ -283,16 +156,16 @@ def _dedupe(paths: Iterable[Path]) -> list[Path]:
 
 def _resolve_local(
     commands: Sequence[Command], base_dir: Path
-) -> tuple[list[_LocalRef], list[_LocalRef], _LocalRef | None]:
+) -> tuple[list[LocalRef], list[LocalRef], LocalRef | None]:
     """Local FROM and DRAFT references in order, the last ADAPTER; checks that no DRAFT
     names the same path as a FROM (either order)."""
-    from_refs: list[_LocalRef] = []
-    draft_refs: list[_LocalRef] = []
-    adapter: _LocalRef | None = None
+    from_refs: list[LocalRef] = []
+    draft_refs: list[LocalRef] = []
+    adapter: LocalRef | None = None
     for command in commands:
         if command.name not in ("model", "draft", "adapter"):
             continue
-        ref = _local_ref(command, base_dir)
+        ref = local_ref(command, base_dir)
         if command.name == "adapter":
             if ref is None:
                 path = expand_path(command.args, base_dir)
@@ -315,7 +188,7 @@ def _from_name(commands: Sequence[Command], base_dir: Path) -> str | None:
     """The last FROM that names a model rather than a local path, validated."""
     name = None
     for command in commands:
-        if command.name != "model" or _exists(expand_path(command.args, base_dir), command):
+        if command.name != "model" or path_exists(expand_path(command.args, base_dir), command):
             continue
         name = _checked_name("FROM", command, base_dir)
     return name
@@ -329,7 +202,7 @@ def _draft_reference(commands: Sequence[Command], base_dir: Path, *, has_files: 
     chosen: Command | None = None
     value: str | None = None
     for command in commands:
-        if command.name != "draft" or _exists(expand_path(command.args, base_dir), command):
+        if command.name != "draft" or path_exists(expand_path(command.args, base_dir), command):
             continue
         word = command.args.strip()
         this = word.lower() if word.lower() in DRAFT_KEYWORDS else None
@@ -355,7 +228,7 @@ def _checked_name(keyword: str, command: Command, base_dir: Path) -> str:
         raise ModelfileError(f"{keyword} {raw}: no such file: {path}", command.line)
     try:
         parse_name(raw)
-    except InvalidName as exc:
+    except InvalidNameError as exc:
         raise ModelfileError(
             f"{keyword} {raw}: no such file, and not a model name "
             f"(no file at {path}; {exc.message})",
@@ -387,27 +260,3 @@ def _add_text_fields(commands: Sequence[Command], fields: dict[str, Any]) -> Non
         fields["license"] = licenses
     if messages:
         fields["messages"] = messages
-
-
-# -- hashing -------------------------------------------------------------------------------------
-
-
-def hash_files(
-    paths: Sequence[Path], on_done: Callable[[Path, str, int], None] | None = None
-) -> dict[Path, str]:
-    """``sha256:<hex>`` of each file (two at a time: hashing is I/O and C code)."""
-
-    def one(path: Path) -> tuple[Path, str, int]:
-        try:
-            digest, size = sha256_file(path)
-        except OSError as exc:
-            raise BadRequest(f"cannot read {path}: {exc.strerror or exc}") from exc
-        return path, digest, size
-
-    digests: dict[Path, str] = {}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for path, digest, size in pool.map(one, paths):
-            digests[path] = digest
-            if on_done is not None:
-                on_done(path, digest, size)
-    return digests

@@ -1,7 +1,9 @@
 """The ``modelhub`` click group, the error policy and the entry point ``main()``.
 
-User errors (our ``ModelhubError`` hierarchy) print ``Error: <message>`` on stderr and exit
-with status 1, never a traceback.
+Errors of our hierarchy print ``Error: <message>`` on stderr, never a traceback, and exit with
+a status that says what kind of failure it was (docs/cli.md, "Errors"): 1 for an error the
+daemon or the command reported, 2 for a usage mistake (click's), 69 when the daemon cannot be
+reached, 130 when interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -16,7 +18,22 @@ from modelhub import __version__
 from modelhub.cli import bench, info, models, pull, run, runtime, serve
 from modelhub.client import Client
 from modelhub.config import Settings
-from modelhub.errors import ModelhubError
+from modelhub.errors import DaemonUnreachableError, ModelhubError
+
+EXIT_ERROR = 1
+EXIT_UNREACHABLE = 69  # sysexits' EX_UNAVAILABLE
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+class CommandFailed(click.ClickException):
+    """``Error: <message>``, exit status 1."""
+
+
+class DaemonUnreachable(CommandFailed):
+    """``Error: <message>``, exit status 69."""
+
+    exit_code = EXIT_UNREACHABLE
+
 
 CLIENT_ENVIRONMENT = """\b
 Environment:
@@ -25,21 +42,26 @@ Environment:
 
 
 class ModelhubGroup(click.Group):
-    """A click group that turns our errors into ``Error: ...`` and exit status 1."""
+    """A click group that turns our errors into ``Error: ...`` and their exit status."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except DaemonUnreachableError as exc:
+            raise DaemonUnreachable(exc.message) from None
         except ModelhubError as exc:
-            raise click.ClickException(exc.message) from None
+            raise CommandFailed(exc.message) from None
+        except (KeyboardInterrupt, click.Abort):
+            click.echo("", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except httpx.HTTPError as exc:  # anything the client did not already translate
-            raise click.ClickException(f"talking to the daemon failed: {exc}") from None
+            raise CommandFailed(f"talking to the daemon failed: {exc}") from None
         except BrokenPipeError:  # output piped into `head` and the like: stop quietly
             sys.stderr.close()
             sys.exit(1)
         except OSError as exc:  # e.g. a file that vanished between hashing and upload
             where = f": {exc.filename}" if exc.filename else ""
-            raise click.ClickException(f"{exc.strerror or exc}{where}") from None
+            raise CommandFailed(f"{exc.strerror or exc}{where}") from None
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -103,4 +125,4 @@ def main() -> None:
         cli.main(prog_name="modelhub")
     except ModelhubError as exc:  # raised while parsing options (e.g. a bad config file)
         click.echo(f"Error: {exc.message}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_ERROR)

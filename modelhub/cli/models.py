@@ -10,11 +10,12 @@ import click
 from rich.progress import TaskID
 
 from modelhub.cli import render
-from modelhub.cli.create_request import CreatePlan, hash_files, load_modelfile, plan_create
+from modelhub.cli.create_files import hash_files, load_modelfile
+from modelhub.cli.create_request import CreatePlan, plan_create
 from modelhub.cli.progress import ProgressDisplay
-from modelhub.client import Client, ResponseError, ensure_server
+from modelhub.client import Client, ensure_server
 from modelhub.config import Settings
-from modelhub.errors import BadRequest, ModelfileError, ModelhubError
+from modelhub.errors import InputError, ModelfileError, ModelhubError, NotFoundError
 
 SHOW_FIELDS = ("license", "modelfile", "parameters", "system", "template")
 _MISSING_FIELD = {
@@ -72,7 +73,7 @@ def create(
             draft_quantize=draft_quantize,
         )
     except ModelfileError as exc:
-        raise BadRequest(f"{source.label} {exc.message}") from None
+        raise InputError(f"{source.label} {exc.message}") from None
     client = connect()
     with ProgressDisplay() as display:
         for warning in plan.warnings:
@@ -135,7 +136,7 @@ def show(model: str, fields: tuple[str, ...], verbose: bool) -> None:
     chosen = set(fields)
     if len(chosen) > 1:
         names = ", ".join(f"--{name}" for name in SHOW_FIELDS)
-        raise BadRequest(f"only one of {names} can be given")
+        raise InputError(f"only one of {names} can be given")
     info = connect().show(model, verbose=verbose)
     if chosen:
         field = chosen.pop()
@@ -193,8 +194,7 @@ def _unload(client: Client, model: str) -> None:
     try:
         for _ in client.stream("POST", "/api/generate", {"model": model, "keep_alive": 0}):
             pass
-    except ResponseError as exc:
-        if exc.status != 404 and "not found" not in exc.error:
-            click.echo(f"Warning: unable to stop model '{model}'", err=True)
+    except NotFoundError:
+        pass  # nothing loaded under that name: nothing to stop
     except ModelhubError:
         click.echo(f"Warning: unable to stop model '{model}'", err=True)

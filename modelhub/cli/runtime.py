@@ -10,8 +10,7 @@ import click
 
 from modelhub.cli import render
 from modelhub.cli.models import connect
-from modelhub.client import ResponseError
-from modelhub.errors import NotFound
+from modelhub.errors import NotFoundError
 
 PS_HEADERS = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "DRAFT"]
 
@@ -94,7 +93,5 @@ def stop(model: str) -> None:
     client = connect()
     try:
         client.request_json("POST", "/api/generate", {"model": model, "keep_alive": 0})
-    except ResponseError as exc:
-        if exc.status == 404 or "not found" in exc.error:
-            raise NotFound(f'couldn\'t find model "{model}" to stop') from None
-        raise
+    except NotFoundError:
+        raise NotFoundError(f'couldn\'t find model "{model}" to stop') from None

@@ -9,6 +9,9 @@ sampling (``speculative.verify``); either way the output is what the target alon
 through the same stop logic as plain decoding, and every cache is cut back to the committed
 sequence after each round, so a stop, an end-of-generation token or a cancellation in the middle
 of a chunk leaves the caches consistent for the next request (the prompt cache).
+
+:class:`Engine` loads the models, prefills and starts each request; the draft/verify rounds are
+:mod:`modelhub.engine.speculative_loop`, embeddings :mod:`modelhub.engine.embeddings`.
 """
 
 from __future__ import annotations
@@ -17,14 +20,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp
-import numpy as np
-import numpy.typing as npt
-
 from modelhub.engine.cpu import RepackDecision, inject_fault, repack_default
+from modelhub.engine.embeddings import embed_texts, embedding_context
 from modelhub.engine.grammar import GrammarConstraint
 from modelhub.engine.llama import LlamaContext, LlamaModel, default_threads
 from modelhub.engine.options import (
@@ -41,15 +40,15 @@ from modelhub.engine.speculative.base import Drafter
 from modelhub.engine.speculative.draft_model import DraftModelDrafter, common_prefix
 from modelhub.engine.speculative.factory import (
     Closable,
-    Preparing,
     Seeded,
     TargetObserver,
     make_drafter,
     ngram_drafter,
     prediction_drafter,
 )
+from modelhub.engine.speculative_loop import run_loop
 from modelhub.engine.textstream import Committer
-from modelhub.errors import BadRequest, ModelhubError
+from modelhub.errors import InputError
 
 __all__ = [
     "DoneReason",
@@ -61,15 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("modelhub.engine")
-
-
-@dataclass
-class _Round:
-    """What one draft/verify round produced."""
-
-    new: list[int]
-    proposed: int
-    accepted: int
 
 
 class Engine:
@@ -98,7 +88,7 @@ class Engine:
             self.model.close()
             raise
         self.n_ctx = min(n_ctx, self.ctx.n_ctx)  # llama.cpp may round the context up
-        self._cached: list[int] = []  # exactly the tokens in the target's KV cache
+        self.cached: list[int] = []  # exactly the tokens in the target's KV cache
         self._lock = threading.Lock()
         self._embed_ctx: LlamaContext | None = None
         self.drafting_disabled: str | None = None
@@ -229,158 +219,22 @@ class Engine:
             drafter.begin(prompt)
             controller = self._controller(drafter.kind, k_max)
         if committer.commit(first, drafted=False):
-            self._loop(tokens, sampler, committer, drafter, controller, k_max, options, result)
+            run_loop(self, tokens, sampler, committer, drafter, controller, k_max, options, result)
         return self._finish(result, committer, committer.done or "stop", t_prefilled)
-
-    def _loop(
-        self,
-        tokens: list[int],
-        sampler: Sampler,
-        committer: Committer,
-        drafter: Drafter | None,
-        controller: AdaptiveDraftLength | None,
-        k_max: int,
-        options: GenerateOptions,
-        result: GenerateResult,
-    ) -> None:
-        while True:
-            if committer.cancelled():
-                committer.done = "cancel"
-                return
-            n_past = len(tokens) - 1
-            room = self.n_ctx - n_past  # positions left for [pending, drafts...]
-            if room < 1:
-                committer.done = "length"
-                return
-            k = controller.next_k() if controller is not None else 0
-            remaining = committer.remaining
-            k = min(k, k_max, room - 1, self.ctx.n_batch - 1)
-            if remaining is not None:
-                k = min(k, remaining - 1)
-            k = max(k, 0)
-
-            t0 = time.perf_counter_ns()
-            drafts: list[int] = []
-            q: npt.NDArray[np.float32] | None = None
-            if drafter is not None and k > 0:
-                if isinstance(drafter, Preparing):
-                    drafter.prepare(tokens)
-                t_prep = time.perf_counter_ns()
-                deterministic = sampler.greedy or options.sampling_verify == "compare"
-                probs = None if deterministic else sampler.probs
-                proposal = drafter.propose(tokens, k, probs)
-                drafts = [int(t) for t in proposal.tokens[:k]]
-                if proposal.confidence is not None and controller is not None:
-                    drafts = drafts[: controller.cut(proposal.confidence[: len(drafts)])]
-                if proposal.probs is not None:
-                    q = proposal.probs[: len(drafts)]
-                if len(drafts) < max(1, self.cfg.draft_min):
-                    drafts, q = [], None
-            else:
-                t_prep = t0
-            t1 = time.perf_counter_ns()
-
-            rnd = self._verify(tokens, drafts, q, sampler, options)
-            t2 = time.perf_counter_ns()
-            kept = self._commit_round(tokens, rnd, committer, sampler)
-
-            if isinstance(self.drafter, TargetObserver):
-                self.drafter.rollback(len(tokens) - 1)
-            if drafter is not None:
-                drafter.commit(tokens)
-            if drafts:
-                result.draft_count += rnd.proposed
-                result.draft_accepted_count += min(rnd.accepted, kept)
-                result.draft_steps += 1
-                result.draft_time_ns += t1 - t0
-                result.verify_time_ns += t2 - t1
-            if controller is not None:
-                controller.record(
-                    k,
-                    len(drafts),
-                    rnd.accepted,
-                    draft_seconds=(t1 - t_prep) / 1e9,
-                    verify_seconds=(t2 - t1) / 1e9,
-                    prepare_seconds=(t_prep - t0) / 1e9,
-                )
-            if committer.done is not None:
-                return
-
-    def _verify(
-        self,
-        tokens: list[int],
-        drafts: list[int],
-        q: npt.NDArray[np.float32] | None,
-        sampler: Sampler,
-        options: GenerateOptions,
-    ) -> _Round:
-        """Decode ``[pending] + drafts`` in one batch and decide which tokens to emit."""
-        n_past = len(tokens) - 1
-        batch = [tokens[-1], *drafts]
-        self.ctx.decode(batch, n_past, "all" if drafts else "last")
-        self._cached.extend(batch)  # the cache now holds the whole batch
-        if isinstance(self.drafter, TargetObserver):
-            self.drafter.observe_target(batch, n_past)
-        if not drafts:
-            return _Round([sampler.sample(self.ctx.last_logits(), tokens)], 0, 0)
-        rows = self.ctx.logits()
-        new: list[int] = []
-        history = list(tokens)
-        for i in range(len(drafts) + 1):
-            row = rows[i]
-            if i == len(drafts):
-                new.append(sampler.sample(row, history))
-                break
-            draft = drafts[i]
-            if sampler.greedy or options.sampling_verify == "compare":
-                chosen = sampler.sample(row, history)
-                accepted = chosen == draft
-            else:
-                p = sampler.probs(row, history)
-                accepted, chosen = options.acceptance_rule(
-                    p, None if q is None else q[i], draft, sampler.rng
-                )
-            new.append(chosen)
-            if not accepted:
-                break
-            history.append(draft)
-        return _Round(new, len(drafts), len(new) - 1)
-
-    def _commit_round(
-        self, tokens: list[int], rnd: _Round, committer: Committer, sampler: Sampler
-    ) -> int:
-        """Commit the round's tokens in order and cut the caches back; returns how many."""
-        n_past = len(tokens) - 1
-        count = 0
-        for i, token in enumerate(rnd.new):
-            count += 1
-            sampler.accept(token)
-            if not committer.commit(token, drafted=i < rnd.accepted):
-                break
-        tokens.extend(rnd.new[:count])
-        # Keep pending + the committed tokens except the new pending (the last one).
-        keep = n_past + count
-        if len(self._cached) > keep:
-            if not self.ctx.truncate(keep):
-                self.ctx.clear()
-                self._cached = []
-                raise ModelhubError("the target's cache could not be rolled back; it was reset")
-            del self._cached[keep:]
-        return count
 
     def _prefill(self, prompt: list[int], committer: Committer) -> int:
         """Evaluate what the cache does not already hold; the last prompt token always."""
-        reuse = min(common_prefix(self._cached, prompt), len(prompt) - 1)
-        if reuse < len(self._cached):
+        reuse = min(common_prefix(self.cached, prompt), len(prompt) - 1)
+        if reuse < len(self.cached):
             if not self.ctx.truncate(reuse):
                 self.ctx.clear()
                 reuse = 0
-            del self._cached[reuse:]
+            del self.cached[reuse:]
         if isinstance(self.drafter, TargetObserver):
             resume = self.drafter.rollback(reuse)
             if resume < reuse:  # it needs hidden states from earlier positions: replay them
                 self.ctx.truncate(resume)
-                del self._cached[resume:]
+                del self.cached[resume:]
                 reuse = resume
         # Everything but the last token in n_batch chunks, then the last token alone: its logits
         # (the first generated token) then come from a one-row decode whatever was cached, and
@@ -393,10 +247,10 @@ class Engine:
                 break
             chunk = prompt[start:end]
             self.ctx.decode(chunk, start, "last" if end == len(prompt) else "none")
-            self._cached.extend(chunk)
+            self.cached.extend(chunk)
             if isinstance(self.drafter, TargetObserver):
                 self.drafter.observe_target(chunk, start)
-        return len(self._cached) - reuse
+        return len(self.cached) - reuse
 
     def _finish(
         self, result: GenerateResult, committer: Committer, reason: DoneReason, t_gen: int
@@ -444,15 +298,15 @@ class Engine:
 
     def _check_prompt(self, prompt: Sequence[int]) -> None:
         if not prompt:
-            raise BadRequest("the prompt is empty: at least one token is needed")
+            raise InputError("the prompt is empty: at least one token is needed")
         if len(prompt) >= self.n_ctx:
-            raise BadRequest(
+            raise InputError(
                 f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx}: "
                 "shorten the prompt or load the model with a larger num_ctx"
             )
         bad = [t for t in prompt if not 0 <= t < self.model.n_vocab]
         if bad:
-            raise BadRequest(
+            raise InputError(
                 f"token id {bad[0]} is outside the vocabulary (0..{self.model.n_vocab - 1})"
             )
 
@@ -460,38 +314,11 @@ class Engine:
     def embed(self, texts: list[str]) -> list[list[float]]:
         """Mean-pooled, L2-normalised embeddings (one per text), from a separate context."""
         with self._lock:
-            ctx = self._embedding_context()
-            out: list[list[float]] = []
-            for text in texts:
-                tokens = self.model.tokenize(text, add_special=True, parse_special=False)
-                if not tokens:
-                    raise BadRequest("cannot embed an empty input")
-                if len(tokens) > ctx.n_batch:
-                    raise BadRequest(
-                        f"input has {len(tokens)} tokens; at most {ctx.n_batch} can be embedded"
-                    )
-                ctx.clear()
-                ctx.decode(tokens, 0, "all")
-                vector = ctx.embeddings_seq().astype(np.float64)
-                norm = float(np.linalg.norm(vector))
-                out.append((vector / norm if norm > 0 else vector).tolist())
-            return out
+            return embed_texts(self.model, self._embedding_context(), texts)
 
     def _embedding_context(self) -> LlamaContext:
         if self._embed_ctx is None:
-            size = min(self.n_ctx, 8192)
-            pooling = llama_cpp.LLAMA_POOLING_TYPE_MEAN
-            native = self.model.meta(f"{self.model.architecture}.pooling_type")
-            if native is not None and native.isdigit() and int(native) > 0:
-                pooling = int(native)
-            self._embed_ctx = LlamaContext(
-                self.model,
-                n_ctx=size,
-                n_batch=size,
-                n_threads=self.n_threads,
-                embeddings=True,
-                pooling=pooling,
-            )
+            self._embed_ctx = embedding_context(self.model, self.n_ctx, self.n_threads)
         return self._embed_ctx
 
     # ---- lifetime ----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
 from modelhub.engine.llama import LlamaModel, recent_native_messages
 from modelhub.engine.sampling import FloatArray
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
@@ -33,8 +33,11 @@ def schema_grammar(schema: dict[str, Any] | str) -> str:
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
         return LlamaGrammar.from_json_schema(text, verbose=False)._grammar
-    except (ValueError, KeyError, TypeError, RecursionError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"format: the JSON schema cannot be turned into a grammar: {exc}") from exc
+    except Exception as exc:  # the converter asserts on schemas it does not know (a user error)
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise InputError(
+            f"format: the JSON schema cannot be turned into a grammar ({detail})"
+        ) from exc
 
 
 def format_grammar(fmt: str | dict[str, Any] | None) -> str | None:
@@ -45,7 +48,7 @@ def format_grammar(fmt: str | dict[str, Any] | None) -> str | None:
         return json_grammar()
     if isinstance(fmt, dict):
         return schema_grammar(fmt)
-    raise BadRequest(f'format must be "json" or a JSON schema object, not {fmt!r}')
+    raise InputError(f'format must be "json" or a JSON schema object, not {fmt!r}')
 
 
 class GrammarConstraint:
@@ -55,7 +58,7 @@ class GrammarConstraint:
         handle = llama_cpp.llama_sampler_init_grammar(model.vocab, gbnf.encode(), root.encode())
         if not handle:
             detail = recent_native_messages() or "parse error"
-            raise BadRequest(f"invalid grammar: {detail}")
+            raise InputError(f"invalid grammar: {detail}")
         self._handle: Any = handle
         self._n_vocab = model.n_vocab
         self._data = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)

@@ -12,7 +12,7 @@ from typing import Literal
 
 from modelhub.engine.sampling import SamplingParams
 from modelhub.engine.speculative.verify import AcceptanceRule, rejection_step
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 
 DraftKind = Literal["none", "draft_model", "mtp", "ngram"]
 DoneReason = Literal["stop", "length", "cancel"]
@@ -50,7 +50,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class GenerateOptions(SamplingParams):
-    """Per-request options (Ollama's runtime options, ollama-compat.md §1.6): the sampling
+    """Per-request options (Ollama's runtime options, docs/api.md "Options"): the sampling
     options of :class:`SamplingParams` plus what shapes the request.
 
     ``num_predict`` < 0 means no limit but the context. ``seed`` < 0 or None draws a random seed.
@@ -116,18 +116,18 @@ class GenerateResult:
 
 def validate_config(cfg: EngineConfig) -> None:
     if cfg.n_ctx < 8:
-        raise BadRequest(f"num_ctx={cfg.n_ctx} is too small: use at least 8")
+        raise InputError(f"num_ctx={cfg.n_ctx} is too small: use at least 8")
     if cfg.n_batch < 1:
-        raise BadRequest(f"num_batch={cfg.n_batch} must be at least 1")
+        raise InputError(f"num_batch={cfg.n_batch} must be at least 1")
     if cfg.draft_num_predict < 0:
-        raise BadRequest("draft_num_predict must be 0 (off) or positive")
+        raise InputError("draft_num_predict must be 0 (off) or positive")
     if cfg.draft_kind != "none" and cfg.draft_num_predict + 1 > cfg.n_batch:
-        raise BadRequest(
+        raise InputError(
             f"draft_num_predict={cfg.draft_num_predict} needs num_batch >= "
             f"{cfg.draft_num_predict + 1} (the pending token plus every draft in one batch); "
             f"num_batch is {cfg.n_batch}"
         )
     if not 0.0 <= cfg.draft_p_min <= 1.0:
-        raise BadRequest(f"draft_p_min={cfg.draft_p_min} must be between 0 and 1")
+        raise InputError(f"draft_p_min={cfg.draft_p_min} must be between 0 and 1")
     if cfg.draft_kind == "draft_model" and cfg.draft_path is None:
-        raise BadRequest("draft_kind 'draft_model' needs draft_path")
+        raise InputError("draft_kind 'draft_model' needs draft_path")

@@ -6,20 +6,22 @@ native code costs that model, not the daemon. The protocol (one JSON object per 
 daemon -> runner
   {"op": "load", "config": {EngineConfig fields}}
   {"op": "generate", "id": "...", "prompt": "text", "context": [ids] | null,
-   "options": {GenerateOptions fields}, "prediction": "text" | null}
+   "options": {GenerateOptions fields}, "prediction": "text" | null, "grammar": GBNF | null}
   {"op": "embed", "id": "...", "texts": ["..."]}
   {"op": "tokenize", "id": "...", "text": "...", "add_special": true}
   {"op": "cancel", "id": "..."}
   {"op": "shutdown"}
 runner -> daemon
   {"event": "loaded", "pid": n, "n_ctx": n, "rss": bytes, "repack": bool, "repack_reason": "..."}
-  {"event": "load_error", "message": "..."}
+  {"event": "load_error", "message": "...", "kind": "invalid_request" | ...}
   {"id": "...", "event": "prompt", "prompt_tokens": n}          (generation started)
   {"id": "...", "event": "token", "text": "...", "drafted": bool}
   {"id": "...", "event": "done", "result": {GenerateResult fields, "context": [ids]}}
   {"id": "...", "event": "embeddings", "embeddings": [[...]], "prompt_eval_count": n}
   {"id": "...", "event": "tokens", "tokens": [ids]}
-  {"id": "...", "event": "error", "message": "...", "status": 400|500}
+  {"id": "...", "event": "error", "message": "...", "kind": "invalid_request" | ...}
+
+``kind`` is an ``errors.ErrorKind`` label; the daemon raises the error class of that kind.
 
 Requests are served one at a time in arrival order (the engine holds one sequence and its
 prompt cache); ``cancel`` stops the running request between decode steps or drops a queued one.
@@ -37,7 +39,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import IO, Any
 
-from modelhub.errors import ModelhubError
+from modelhub.errors import ErrorKind, ModelhubError
 
 _STOP = object()
 
@@ -103,7 +105,7 @@ class Runner:
         try:
             self.engine = Engine(EngineConfig(**cfg))
         except ModelhubError as exc:
-            self.send({"event": "load_error", "message": exc.message, "status": exc.status})
+            self.send({"event": "load_error", "message": exc.message, "kind": exc.kind.label})
             return
         except Exception as exc:
             self.send({"event": "load_error", "message": f"{type(exc).__name__}: {exc}"})
@@ -128,7 +130,12 @@ class Runner:
             try:
                 if cancel.is_set():
                     self.send(
-                        {"id": rid, "event": "error", "message": "request canceled", "status": 499}
+                        {
+                            "id": rid,
+                            "event": "error",
+                            "message": "request canceled",
+                            "kind": ErrorKind.CANCELLED.label,
+                        }
                     )
                 elif self.engine is None:
                     self.send({"id": rid, "event": "error", "message": "no model loaded"})
@@ -136,7 +143,7 @@ class Runner:
                     self._dispatch(rid, msg, cancel)
             except ModelhubError as exc:
                 self.send(
-                    {"id": rid, "event": "error", "message": exc.message, "status": exc.status}
+                    {"id": rid, "event": "error", "message": exc.message, "kind": exc.kind.label}
                 )
             except Exception as exc:
                 traceback.print_exc(file=sys.stderr)
@@ -168,7 +175,14 @@ class Runner:
             )
             self.send({"id": rid, "event": "tokens", "tokens": tokens})
         else:
-            self.send({"id": rid, "event": "error", "message": f"unknown op {op!r}", "status": 400})
+            self.send(
+                {
+                    "id": rid,
+                    "event": "error",
+                    "message": f"unknown op {op!r}",
+                    "kind": ErrorKind.INVALID.label,
+                }
+            )
 
     def _generate(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> None:
         from modelhub.engine.generate import GenerateOptions, TokenEvent
@@ -179,11 +193,8 @@ class Runner:
         tokens = context + engine.tokenize(prompt, add_special=not context)
         known = {f.name for f in fields(GenerateOptions)} - {"acceptance_rule"}
         given = {k: v for k, v in (msg.get("options") or {}).items() if k in known}
-        fmt = msg.get("format")
-        if fmt:
-            from modelhub.engine.grammar import format_grammar
-
-            given["grammar"] = format_grammar(fmt)
+        if msg.get("grammar"):  # GBNF, converted from ``format`` by the daemon at the door
+            given["grammar"] = str(msg["grammar"])
         opts = GenerateOptions(**given)
         prediction = msg.get("prediction")
         predicted = engine.tokenize(prediction, add_special=False) if prediction else None
@@ -201,7 +212,22 @@ class Runner:
         self.send({"id": rid, "event": "done", "result": payload})
 
 
+def die_with_parent() -> None:
+    """Linux: the kernel kills this process when the daemon dies, even by SIGKILL mid-decode
+    (stdin's end of file would only be seen between requests). Elsewhere, stdin EOF."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the daemon died before the request was made
+        os._exit(1)
+
+
 def main() -> None:
+    die_with_parent()
     # Native libraries may print to stdout; keep the protocol channel private.
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 
 FloatArray = npt.NDArray[np.float32]
 IdArray = npt.NDArray[np.int64]
@@ -87,7 +87,7 @@ class SamplingParams:
         ]
         for name, value, ok, expected in checks:
             if not ok:
-                raise BadRequest(f"option {name}={value!r} is invalid: it must be {expected}")
+                raise InputError(f"option {name}={value!r} is invalid: it must be {expected}")
 
 
 @dataclass
@@ -164,7 +164,7 @@ class Sampler:
         masked = logits.copy()
         self.constraint.mask(masked)
         if not np.isfinite(masked).any():
-            raise BadRequest("the grammar allows no token at this point of the output")
+            raise InputError("the grammar allows no token at this point of the output")
         return masked
 
     def greedy_token(self, logits: FloatArray, history: Sequence[int]) -> int:
@@ -210,7 +210,7 @@ class Sampler:
         ids = _top_k_ids(scores, p.top_k)
         ids = ids[np.isfinite(scores[ids])]
         if len(ids) == 0:
-            raise BadRequest("no token has a finite probability under these sampling options")
+            raise InputError("no token has a finite probability under these sampling options")
         logits = scores[ids].astype(np.float64)
         if p.typical_p < 1.0:
             ids, logits = _typical(ids, logits, p.typical_p)

@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from modelhub.errors import BadRequest, GGUFError, ModelhubError, NotFound
+from modelhub.errors import GGUFError, InputError, ModelhubError, NotFoundError
 
 # Names accepted by --quantize (lower case) -> llama.cpp ``llama_ftype`` values (llama.h).
 QUANT_TYPES: dict[str, int] = {
@@ -52,7 +52,7 @@ def ftype_for(qtype: str) -> int:
     ftype = QUANT_TYPES.get(qtype.strip().lower())
     if ftype is None:
         supported = ", ".join(name.upper() for name in QUANT_TYPES)
-        raise BadRequest(f"unknown quantization type {qtype!r}; supported types: {supported}")
+        raise InputError(f"unknown quantization type {qtype!r}; supported types: {supported}")
     return ftype
 
 
@@ -73,14 +73,14 @@ def check_request(src: Path, dst: Path, qtype: str, allow_requantize: bool) -> i
     """Validate everything we can before starting llama.cpp; return the llama_ftype."""
     ftype = ftype_for(qtype)
     if not src.is_file():
-        raise NotFound(f"model file to quantize not found: {src}")
+        raise NotFoundError(f"model file to quantize not found: {src}")
     if not dst.parent.is_dir():
-        raise BadRequest(f"output directory does not exist: {dst.parent}")
+        raise InputError(f"output directory does not exist: {dst.parent}")
     if dst.resolve() == src.resolve():
-        raise BadRequest(f"refusing to quantize {src} onto itself; choose another output path")
+        raise InputError(f"refusing to quantize {src} onto itself; choose another output path")
     quantized = source_weight_type(src)
     if quantized is not None and not allow_requantize:
-        raise BadRequest(
+        raise InputError(
             "quantization is only supported for F16, BF16 and F32 models "
             f"({src.name} already holds {quantized} weights)"
         )
@@ -120,7 +120,7 @@ def _child_failure(src: Path, qtype: str, result: subprocess.CompletedProcess[st
         line.removeprefix(_ERROR_PREFIX) for line in lines if line.startswith(_ERROR_PREFIX)
     ]
     if result.returncode == _EXIT_BAD_REQUEST and reported:
-        return BadRequest(reported[0])
+        return InputError(reported[0])
     log_tail = "\n".join(line for line in lines[-_LOG_TAIL_LINES:] if line not in reported)
     if reported:
         summary = reported[0]

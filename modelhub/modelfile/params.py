@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from modelhub.errors import BadRequest, ModelfileError
+from modelhub.errors import InputError, ModelfileError
 from modelhub.modelfile.parser import INSTRUCTION_NAMES, Command
 
 PARAMETER_TYPES: dict[str, type] = {
@@ -187,7 +187,7 @@ def coerce_option(name: str, value: Any) -> Any:
 
     Integers accept any JSON number (the fraction is truncated), floats accept integers, ``stop``
     must be a list of strings. ``None`` and unknown names come back unchanged (callers decide);
-    a wrong type raises BadRequest ``option "<name>" must be of type <type>``.
+    a wrong type raises InputError ``option "<name>" must be of type <type>``.
     """
     kind = PARAMETER_TYPES.get(name)
     if kind is None or value is None:
@@ -195,27 +195,27 @@ def coerce_option(name: str, value: Any) -> Any:
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
     if kind is int:
         if not is_number:
-            raise BadRequest(f'option "{name}" must be of type integer')
+            raise InputError(f'option "{name}" must be of type integer')
         if isinstance(value, float) and not math.isfinite(value):
-            raise BadRequest(f'option "{name}" must be a finite number, got {value}')
+            raise InputError(f'option "{name}" must be a finite number, got {value}')
         number = int(value)  # truncates toward zero, like Go's int64(float64)
         if number not in _INT64:
-            raise BadRequest(f'option "{name}" is out of range for a 64-bit integer')
+            raise InputError(f'option "{name}" is out of range for a 64-bit integer')
         return number
     if kind is float:
         if not is_number:
-            raise BadRequest(f'option "{name}" must be of type float32')
+            raise InputError(f'option "{name}" must be of type float32')
         if not math.isfinite(value):
-            raise BadRequest(f'option "{name}" must be a finite number, got {value}')
+            raise InputError(f'option "{name}" must be a finite number, got {value}')
         return float(value)
     if kind is bool:
         if not isinstance(value, bool):
-            raise BadRequest(f'option "{name}" must be of type boolean')
+            raise InputError(f'option "{name}" must be of type boolean')
         return value
     if not isinstance(value, list):
-        raise BadRequest(f'option "{name}" must be of type array')
+        raise InputError(f'option "{name}" must be of type array')
     if not all(isinstance(item, str) for item in value):
-        raise BadRequest(f'option "{name}" must be of an array of strings')
+        raise InputError(f'option "{name}" must be of an array of strings')
     return list(value)
 
 

@@ -4,9 +4,8 @@ The server route and the CLI need only :func:`pull_model` (with a progress callb
 receives Ollama's progress objects), :func:`prune_partials` and the catalog.
 """
 
-from modelhub.pull.base import DownloadPolicy, PullCancelled, SourceUnavailable
+from modelhub.pull.base import DownloadPolicy
 from modelhub.pull.catalog import Catalog, CatalogEntry, default_catalog, load_catalog
-from modelhub.pull.downloader import NoSpace
 from modelhub.pull.partials import PartialInfo, partial_downloads, prune_partials
 from modelhub.pull.puller import check_reference, pull_model
 from modelhub.pull.sources.registry import MANIFEST_NOT_FOUND
@@ -16,10 +15,7 @@ __all__ = [
     "Catalog",
     "CatalogEntry",
     "DownloadPolicy",
-    "NoSpace",
     "PartialInfo",
-    "PullCancelled",
-    "SourceUnavailable",
     "check_reference",
     "default_catalog",
     "load_catalog",

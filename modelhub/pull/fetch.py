@@ -9,18 +9,14 @@ from contextlib import contextmanager
 
 import httpx
 
-from modelhub.errors import BadRequest
-from modelhub.pull.base import RangeNotHonoured, SourceUnavailable, TransientError
+from modelhub.errors import SizeMismatchError, SourceUnavailableError
+from modelhub.pull.base import RangeNotHonoured, TransientError
 from modelhub.pull.http import HttpClient, describe_error, error_body, error_message
 
 # (url, credentials for that url's origin)
 Resolved = tuple[str, dict[str, str]]
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _RETRY_STATUS = {408, 425, 429}
-
-
-class SizeMismatch(BadRequest):
-    """The server's idea of the blob's size contradicts the size we were told to expect."""
 
 
 class HttpBlobSource:
@@ -49,7 +45,7 @@ class HttpBlobSource:
 
         A 200 answer to a request for a range that does not begin at 0 raises
         RangeNotHonoured; a 200 for a range at 0 is accepted (the caller stops reading at
-        its end). Retryable failures raise TransientError; others SourceUnavailable.
+        its end). Retryable failures raise TransientError; others SourceUnavailableError.
         """
         url, credentials = self.resolved()
         headers = {"Accept-Encoding": "identity"}
@@ -70,10 +66,12 @@ class HttpBlobSource:
                 self.forget()  # an expired signed URL: resolve again on the next attempt
             if status >= 500 or status in _RETRY_STATUS or status in (401, 403):
                 raise TransientError(message)
-            raise SourceUnavailable(f"{self.label}: {message}")
+            raise SourceUnavailableError(f"{self.label}: {message}")
         encoding = response.headers.get("content-encoding", "identity").lower()
         if encoding not in ("", "identity"):
-            raise SourceUnavailable(f"{self.label}: the server compressed the blob ({encoding})")
+            raise SourceUnavailableError(
+                f"{self.label}: the server compressed the blob ({encoding})"
+            )
         if status == 206:
             self._check_content_range(response, start, end, total)
         elif status == 200:
@@ -86,7 +84,7 @@ class HttpBlobSource:
                 and length.isdigit()
                 and int(length) != total
             ):
-                raise SizeMismatch(
+                raise SizeMismatchError(
                     f"{self.label}: the server sends {int(length)} bytes, "
                     f"{total} were expected; refused"
                 )
@@ -101,7 +99,7 @@ class HttpBlobSource:
             raise TransientError("a partial response without a valid Content-Range")
         first, last, size = int(match.group(1)), int(match.group(2)), match.group(3)
         if total is not None and size != "*" and int(size) != total:
-            raise SizeMismatch(
+            raise SizeMismatchError(
                 f"{self.label}: the server says the blob has {size} bytes, "
                 f"{total} were expected; refused"
             )
@@ -127,9 +125,9 @@ def probe_size(client: HttpClient, url: str, credentials: dict[str, str]) -> int
             if response.status_code == 200 and length.isdigit():
                 return int(length)
             if response.status_code >= 400:
-                raise SourceUnavailable(
+                raise SourceUnavailableError(
                     f"{url}: {error_message(response.status_code, error_body(response))}"
                 )
     except httpx.TransportError as exc:
-        raise SourceUnavailable(f"{url}: {describe_error(exc)}") from exc
+        raise SourceUnavailableError(f"{url}: {describe_error(exc)}") from exc
     return None

@@ -28,8 +28,8 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from modelhub import __version__
-from modelhub.errors import BadRequest, Forbidden
-from modelhub.pull.base import DEFAULT_POLICY, DownloadPolicy, SourceUnavailable
+from modelhub.errors import ForbiddenError, InputError, SourceUnavailableError
+from modelhub.pull.base import DEFAULT_POLICY, DownloadPolicy
 
 USER_AGENT = (
     f"modelhub/{__version__} ({platform.machine()} {platform.system().lower()}) "
@@ -139,10 +139,10 @@ class HttpClient:
         """Check the first URL of a request chain; returns its address kind."""
         parts = urlsplit(url)
         if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-            raise BadRequest(f"unsupported URL {url!r}: only http:// and https:// can be pulled")
+            raise InputError(f"unsupported URL {url!r}: only http:// and https:// can be pulled")
         kind = self.kind_of(url)
         if kind == FORBIDDEN:
-            raise Forbidden(
+            raise ForbiddenError(
                 f"refusing to connect to {parts.hostname}: link-local, unspecified and "
                 "multicast addresses are never contacted"
             )
@@ -154,15 +154,19 @@ class HttpClient:
         parts = urlsplit(target)
         shown = target if len(target) <= 200 else target[:197] + "..."
         if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-            raise Forbidden(f"refusing a redirect to a non-HTTP(S) URL: {shown}")
+            raise ForbiddenError(f"refusing a redirect to a non-HTTP(S) URL: {shown}")
         downgrade = parts.scheme.lower() == "http" and urlsplit(current).scheme == "https"
         if downgrade and not self.insecure:
-            raise Forbidden(f"refusing a redirect from https to plain http: {shown}")
+            raise ForbiddenError(f"refusing a redirect from https to plain http: {shown}")
         kind = self.kind_of(target)
         if kind == FORBIDDEN:
-            raise Forbidden(f"refusing a redirect to a link-local or unspecified address: {shown}")
+            raise ForbiddenError(
+                f"refusing a redirect to a link-local or unspecified address: {shown}"
+            )
         if kind == LOCAL and start_kind == PUBLIC:
-            raise Forbidden(f"refusing a redirect from a public host to a private one: {shown}")
+            raise ForbiddenError(
+                f"refusing a redirect from a public host to a private one: {shown}"
+            )
         return target
 
     # ----- requests --------------------------------------------------------------------------
@@ -202,7 +206,7 @@ class HttpClient:
             url = self.check_redirect(url, location, start_kind)
             if response.status_code == 303:
                 method = "GET"
-        raise SourceUnavailable(f"too many redirects (more than {self.policy.max_redirects})")
+        raise SourceUnavailableError(f"too many redirects (more than {self.policy.max_redirects})")
 
     def get_bounded(
         self,
@@ -229,16 +233,16 @@ def read_limited(
     decoder that inflates whole network chunks lets a 64 KB gzip bomb become 64 MB at once.
     """
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
-    too_large = BadRequest(f"{what} too large: over {limit} bytes; refused")
+    too_large = InputError(f"{what} too large: over {limit} bytes; refused")
     declared = response.headers.get("content-length", "")
     if encoding in ("", "identity"):
         if declared.isdigit() and not truncate and int(declared) > limit:
-            raise BadRequest(f"{what} too large: {int(declared)} bytes (the limit is {limit})")
+            raise InputError(f"{what} too large: {int(declared)} bytes (the limit is {limit})")
         inflater = None
     elif encoding in ("gzip", "x-gzip", "deflate"):
         inflater = zlib.decompressobj(47)  # 32 + 15: a gzip or zlib header, detected
     else:
-        raise BadRequest(f"{what}: unsupported Content-Encoding {encoding!r}")
+        raise InputError(f"{what}: unsupported Content-Encoding {encoding!r}")
     out = bytearray()
     for raw in response.iter_raw():
         if inflater is None:
@@ -247,7 +251,7 @@ def read_limited(
             try:
                 out += inflater.decompress(raw, limit + 1 - len(out))
             except zlib.error as exc:
-                raise BadRequest(f"{what}: corrupt compressed body ({exc})") from exc
+                raise InputError(f"{what}: corrupt compressed body ({exc})") from exc
             if inflater.unconsumed_tail and not truncate:
                 raise too_large
         if len(out) > limit:
@@ -261,7 +265,7 @@ def error_body(response: httpx.Response) -> bytes:
     """At most ERROR_BODY_LIMIT bytes of an error response (the rest is not read)."""
     try:
         return read_limited(response, ERROR_BODY_LIMIT, "error response", truncate=True)
-    except (BadRequest, httpx.HTTPError):
+    except (InputError, httpx.HTTPError):
         return b""
 
 

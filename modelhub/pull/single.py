@@ -17,9 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from modelhub.errors import DraftError
+from modelhub.errors import DraftError, SizeMismatchError
 from modelhub.pull.base import DownloadPolicy, Progress, check_cancel, short_hex
-from modelhub.pull.fetch import SizeMismatch
 from modelhub.pull.transfers import Job, obtain
 from modelhub.store import ModelName, Store
 
@@ -81,7 +80,7 @@ def fetch_file(
     if item.expected is not None and store.has_blob(item.expected):
         actual = store.blob_path(item.expected).stat().st_size
         if item.size is not None and actual != item.size:
-            raise SizeMismatch(
+            raise SizeMismatchError(
                 f"{item.filename}: the source declares {item.size} bytes for "
                 f"{item.expected}, which has {actual} bytes"
             )

@@ -17,16 +17,15 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from modelhub.errors import ModelhubError, StoreError
-from modelhub.pull.base import DownloadPolicy, PullCancelled, check_cancel
+from modelhub.errors import ModelhubError, RequestCancelledError, SizeMismatchError, StoreError
+from modelhub.pull.base import DownloadPolicy, check_cancel
 from modelhub.pull.downloader import (
     NO_SPACE_ERRNOS,
-    NoSpace,
     RangedDownload,
     check_space,
     no_space,
 )
-from modelhub.pull.fetch import HttpBlobSource, SizeMismatch
+from modelhub.pull.fetch import HttpBlobSource
 from modelhub.pull.partials import PartialFiles, try_lock
 from modelhub.store import Store
 
@@ -73,7 +72,7 @@ def blob_slot(
             break
         on_wait(files.completed_on_disk())  # another process is downloading it
         if cancel.wait(LOCK_POLL):
-            raise PullCancelled("pull cancelled")
+            raise RequestCancelledError("pull cancelled")
     try:
         if expected is not None and store.has_blob(expected):
             _drop_if_empty(files, fd)
@@ -179,7 +178,7 @@ class StreamJob:
             for chunk in chunks:
                 check_cancel(cancel)
                 if self.total is not None and writer.size + len(chunk) > self.total:
-                    raise SizeMismatch(
+                    raise SizeMismatchError(
                         f"{self.label} is larger than the {self.total} bytes expected"
                     )
                 try:
@@ -191,7 +190,7 @@ class StreamJob:
                     raise
                 self.completed = writer.size
             if self.total is not None and writer.size != self.total:
-                raise SizeMismatch(
+                raise SizeMismatchError(
                     f"{self.label} has {writer.size} bytes, {self.total} were expected"
                 )
             digest, _ = writer.commit(self.expected)
@@ -267,10 +266,10 @@ def _copy_error(error: BaseException) -> BaseException:
         try:
             return copy.copy(error)
         except Exception:
-            return ModelhubError(error.message, error.status)
+            return ModelhubError(error.message, error.kind)
     if isinstance(error, OSError):
         return StoreError(f"cannot store the blob: {error}")
     return ModelhubError(f"internal error while pulling: {error!r}")
 
 
-__all__ = ["HttpJob", "Job", "NoSpace", "StreamJob", "obtain"]
+__all__ = ["HttpJob", "Job", "StreamJob", "obtain"]

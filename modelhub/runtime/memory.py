@@ -18,15 +18,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from modelhub.errors import ModelhubError
 from modelhub.gguf.info import GGUFInfo
 
 _F16, _F32 = 2, 4
 _GIB = 1 << 30
-
-
-class InsufficientMemory(ModelhubError):
-    status = 500  # as Ollama
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,13 @@ per request.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError, ModelfileError
 from modelhub.library.views import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM, ModelView
-from modelhub.modelfile import coerce_option
+from modelhub.modelfile import check_parameter, coerce_option
 from modelhub.runtime.memory import estimate
 from modelhub.runtime.scheduler import LoadSpec
 
@@ -48,11 +49,24 @@ class Plan:
 
 
 def merged_options(view: ModelView, request_options: dict[str, Any] | None) -> dict[str, Any]:
+    """The model's parameters overridden by the request's options, each checked against its
+    type and range before any runner work (400 naming the option; unknown keys pass)."""
     merged = dict(view.parameters)
     for key, value in (request_options or {}).items():
         if value is None:
             continue
-        merged[key] = coerce_option(key, value)  # 400 on a wrong type, unknown keys pass
+        merged[key] = coerce_option(key, value)
+        for item in merged[key] if isinstance(merged[key], list) else [merged[key]]:
+            try:
+                check_parameter(key, item)
+            except ModelfileError as exc:
+                raise InputError(f"option {exc.message}") from None
+    threads = merged.get("num_thread")
+    cores = os.cpu_count() or 1
+    if isinstance(threads, int) and threads > cores:
+        raise InputError(
+            f"option num_thread must be at most {cores} (this machine's CPUs), got {threads}"
+        )
     return merged
 
 
@@ -65,13 +79,13 @@ def plan(
     prediction: bool = False,
 ) -> Plan:
     if view.model_path is None or view.info is None:
-        raise BadRequest(f"model '{view.name.display}' has no GGUF weights to load")
+        raise InputError(f"model '{view.name.display}' has no GGUF weights to load")
     opts = merged_options(view, request_options)
     trained = view.info.context_length or 0
     num_ctx = int(opts.get("num_ctx") or 0) or DEFAULT_NUM_CTX
     if trained and num_ctx > trained:
         if "num_ctx" in (request_options or {}) or "num_ctx" in view.parameters:
-            raise BadRequest(
+            raise InputError(
                 f"num_ctx {num_ctx} exceeds the context length {trained} that "
                 f"'{view.name.display}' was trained for; use num_ctx <= {trained}"
             )
@@ -102,7 +116,7 @@ def plan(
     if kind == DRAFT_MTP_DRAFTER and view.draft_path is not None:
         config["draft_path"] = str(view.draft_path)
     if config["n_batch"] < bound + 1:
-        raise BadRequest(f"num_batch {config['n_batch']} must be at least draft_num_predict + 1")
+        raise InputError(f"num_batch {config['n_batch']} must be at least draft_num_predict + 1")
     runtime = {k: opts[k] for k in RUNTIME_KEYS if k in opts}
     if prediction:
         # A request with a prediction drafts from it whatever the model's DRAFT is.

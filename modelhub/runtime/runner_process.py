@@ -19,15 +19,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from modelhub.engine.cpu import REINSTALL_HINT
-from modelhub.errors import ModelhubError
+from modelhub.errors import ErrorKind, ModelhubError, RunnerCrashedError, error_for_kind
 
 log = logging.getLogger("modelhub.runner")
 
 _ids = itertools.count(1)
-
-
-class RunnerCrashed(ModelhubError):
-    status = 500
 
 
 class RunnerProcess:
@@ -82,18 +78,20 @@ class RunnerProcess:
         try:
             self.info = await asyncio.wait_for(asyncio.shield(self.loaded), timeout)
         except TimeoutError:
-            raise RunnerCrashed(f"loading {self.label} took longer than {timeout:.0f} s") from None
+            raise RunnerCrashedError(
+                f"loading {self.label} took longer than {timeout:.0f} s"
+            ) from None
         return self.info
 
     async def _send(self, msg: dict[str, Any]) -> None:
         if self.dead or self.proc is None or self.proc.stdin is None:
-            raise RunnerCrashed(self._death_message())
+            raise RunnerCrashedError(self._death_message())
         data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8")
         try:
             self.proc.stdin.write(data)
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise RunnerCrashed(self._death_message()) from exc
+            raise RunnerCrashedError(self._death_message()) from exc
 
     async def _read_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
@@ -118,9 +116,9 @@ class RunnerProcess:
                             self.loaded.set_result(msg)
                         else:
                             self.loaded.set_exception(
-                                ModelhubError(
+                                error_for_kind(
+                                    ErrorKind.named(str(msg.get("kind"))),
                                     f"loading {self.label} failed: {msg.get('message')}",
-                                    int(msg.get("status") or 500),
                                 )
                             )
                     continue
@@ -135,9 +133,9 @@ class RunnerProcess:
             if self.stderr_task is not None:
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(self.stderr_task, 1)
-            err = {"event": "error", "message": self._death_message(), "status": 500}
+            err = {"event": "error", "message": self._death_message(), "kind": "internal"}
             if self.loaded is not None and not self.loaded.done():
-                self.loaded.set_exception(RunnerCrashed(self._death_message()))
+                self.loaded.set_exception(RunnerCrashedError(self._death_message()))
             for q in self.pending.values():
                 q.put_nowait(err)
 

@@ -20,21 +20,17 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelhub.errors import ModelhubError
-from modelhub.runtime.memory import InsufficientMemory, MemoryEstimate, available_bytes, gib
-from modelhub.runtime.runner_process import RunnerCrashed, RunnerProcess
+from modelhub.errors import InsufficientMemoryError, RunnerCrashedError, ServerBusyError
+from modelhub.runtime.memory import MemoryEstimate, available_bytes, gib
+from modelhub.runtime.runner_process import RunnerProcess
 
 log = logging.getLogger("modelhub.runtime.scheduler")
 
 FOREVER = math.inf
-
-
-class ServerBusy(ModelhubError):
-    status = 503
 
 
 @dataclass(frozen=True)
@@ -112,7 +108,11 @@ class Scheduler:
         max_queue: int = 512,
         memory_limit: int | None = None,
         repack: bool | None = None,
+        runner_factory: Callable[[str], RunnerProcess] = RunnerProcess,
     ) -> None:
+        """``runner_factory(label)`` makes the handle of a runner before it starts (tests use
+        it to watch the processes a scheduler starts)."""
+        self.runner_factory = runner_factory
         self.max_loaded = max_loaded
         self.repack = repack  # for every runner: None lets each decide for its machine
         self.repack_fallback: str | None = None  # why repacking was turned off after a fault
@@ -129,7 +129,9 @@ class Scheduler:
     async def use(self, spec: LoadSpec, keep_alive: float | None) -> AsyncIterator[Loaded]:
         """Hold the runner for ``spec`` for one request (queued behind others on it)."""
         if self.waiting >= self.max_queue:
-            raise ServerBusy("server busy, please try again.  maximum pending requests exceeded")
+            raise ServerBusyError(
+                "server busy, please try again.  maximum pending requests exceeded"
+            )
         self.waiting += 1
         try:
             loaded = await self._acquire(spec, keep_alive)
@@ -155,6 +157,7 @@ class Scheduler:
                 await self._drop(loaded)
                 loaded = None
             if loaded is None:
+                self._check_fits(spec)  # refuse before unloading anything for it
                 await self._replace_same_model(spec)
                 await self._make_room(spec)
                 loaded = await self._load(spec, keep_alive)
@@ -172,15 +175,15 @@ class Scheduler:
         config = _thaw(spec.config)
         if self.repack is not None:
             config["repack"] = self.repack
-        process = RunnerProcess(spec.name)
+        process = self.runner_factory(spec.name)
         started = time.monotonic()
         try:
             info = await process.start(config)
-        except RunnerCrashed:
+        except RunnerCrashedError:
             if not process.illegal_instruction or config.get("repack") is False:
                 raise
             self._repack_faulted(spec.name)
-            process = RunnerProcess(spec.name)
+            process = self.runner_factory(spec.name)
             info = await process.start({**config, "repack": False})
         log.info("loaded %s in %.2f s (pid %s)", spec.name, time.monotonic() - started, process.pid)
         self.loads_total += 1
@@ -212,15 +215,9 @@ class Scheduler:
         memory; wait for busy ones. Refuse at once what cannot fit even with all unloaded."""
         need = spec.memory.total
         while True:
+            self._check_fits(spec)
             free = self._free_memory()
             short = free is not None and need > free
-            if short and free is not None:
-                reclaimable = sum(r.spec.memory.total for r in self.runners.values())
-                if need > free + reclaimable:
-                    raise InsufficientMemory(
-                        f"model requires more system memory ({gib(need)}) than is available "
-                        f"({gib(free + reclaimable)})"
-                    )
             if len(self.runners) < self.max_loaded and not short:
                 return
             idle = [r for r in self.runners.values() if r.active == 0]
@@ -232,6 +229,18 @@ class Scheduler:
                 continue
             async with self._changed:
                 await self._changed.wait()
+
+    def _check_fits(self, spec: LoadSpec) -> None:
+        """Refuse a model that cannot fit even with every other runner unloaded."""
+        need, free = spec.memory.total, self._free_memory()
+        if free is None or need <= free:
+            return
+        reclaimable = sum(r.spec.memory.total for r in self.runners.values())
+        if need > free + reclaimable:
+            raise InsufficientMemoryError(
+                f"model requires more system memory ({gib(need)}) than is available "
+                f"({gib(free + reclaimable)})"
+            )
 
     def _free_memory(self) -> int | None:
         """Memory a new runner may use: the configured limit less what loaded runners were

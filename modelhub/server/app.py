@@ -15,7 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from modelhub import __version__
 from modelhub.config import Settings
-from modelhub.errors import ModelhubError
+from modelhub.errors import InputError, ModelhubError, error_for_status
+from modelhub.server.errors import api_of, error_response
 from modelhub.server.metrics import CONTENT_TYPE_LATEST, RequestCounter
 from modelhub.server.routes_inference import router as inference_router
 from modelhub.server.routes_info import router as info_router
@@ -61,30 +62,30 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(info_router)
 
+    # Every error answer is built by server/errors.py, in the family of the request's path.
     @app.exception_handler(ModelhubError)
-    async def modelhub_error(_: Request, exc: ModelhubError) -> Response:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+    async def modelhub_error(request: Request, exc: ModelhubError) -> Response:
+        return error_response(exc, api_of(request.url.path))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return JSONResponse(
-            {"error": f"{where}: {first.get('msg', 'invalid request')}"}, status_code=400
-        )
+        error = InputError(f"{where}: {first.get('msg', 'invalid request')}")
+        return error_response(error, api_of(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
             return PlainTextResponse("404 page not found", status_code=404)
         if exc.status_code == 405:
             return PlainTextResponse("405 method not allowed", status_code=405)
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+        error = error_for_status(exc.status_code, str(exc.detail))
+        return error_response(error, api_of(request.url.path))
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> Response:
-        log.exception("unhandled error")
-        return JSONResponse({"error": f"internal error: {exc}"}, status_code=500)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return error_response(exc, api_of(request.url.path))
 
     return app
 

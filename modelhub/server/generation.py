@@ -18,8 +18,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from modelhub.errors import ModelhubError
+from modelhub.errors import ErrorKind, ModelhubError, RequestCancelledError, error_for_kind
 from modelhub.runtime.planning import Plan
+from modelhub.server.errors import error_body, error_response
 from modelhub.server.state import ServerState
 
 Event = dict[str, Any]
@@ -27,10 +28,6 @@ Event = dict[str, Any]
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class RunError(ModelhubError):
-    pass
 
 
 async def run_on_runner(
@@ -45,7 +42,8 @@ async def run_on_runner(
         yield {"event": "ready", "load_duration": time.monotonic_ns() - started_ns}
         async for event in loaded.process.request(msg):
             if event.get("event") == "error":
-                raise RunError(str(event.get("message")), int(event.get("status") or 500))
+                kind = ErrorKind.named(str(event.get("kind")))
+                raise error_for_kind(kind, str(event.get("message")))
             yield event
 
 
@@ -54,10 +52,6 @@ def ndjson(obj: dict[str, Any]) -> bytes:
 
 
 Shape = Callable[[Event], dict[str, Any] | None]
-
-
-class ClientGone(ModelhubError):
-    status = 499
 
 
 async def collect(
@@ -86,7 +80,7 @@ async def collect(
             task.cancel()  # unwinds the runner request: it sends "cancel" to the runner
             with contextlib.suppress(asyncio.CancelledError, ModelhubError):
                 await task
-            raise ClientGone("request canceled")
+            raise RequestCancelledError("request canceled")
 
 
 async def respond(
@@ -106,7 +100,7 @@ async def respond(
     try:
         head = await collect(events, request, first_token_only=stream)
     except ModelhubError as exc:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return error_response(exc, "ollama")
 
     async def all_events() -> AsyncIterator[Event]:
         for event in head:
@@ -134,9 +128,9 @@ async def respond(
                 else:
                     parts.append(shaped)
         except ModelhubError as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
+            return error_response(exc, "ollama")
         if last is None:
-            return JSONResponse({"error": "generation ended without a result"}, status_code=500)
+            return error_response(ModelhubError("generation ended without a result"), "ollama")
         return JSONResponse(merge_parts(parts, last))
 
     async def lines() -> AsyncIterator[bytes]:
@@ -146,7 +140,7 @@ async def respond(
                 if shaped is not None:
                     yield ndjson(shaped)
         except ModelhubError as exc:
-            yield ndjson({"error": exc.message})
+            yield ndjson(error_body(exc, "ollama"))
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 

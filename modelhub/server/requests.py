@@ -1,34 +1,54 @@
-"""Reading JSON request bodies with Ollama's error behaviour.
+"""Reading JSON request bodies the same way on every route, Ollama's and OpenAI's.
 
 An empty body is ``400 missing request body``; malformed JSON or a field of the wrong type is a
-400 that says which field and what was expected. Unknown fields are ignored.
+400 that says which field and what was expected. Unknown fields are ignored. A route that names
+a model reads it with :func:`read_model_request`: a missing model is ``400 model is required``
+everywhere, a name with spaces around it is refused (never trimmed into another model's name).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from fastapi import Request
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError, InvalidNameError
+from modelhub.runtime.planning import keep_alive_seconds
 
 MAX_BODY = 64 * 1024 * 1024
 T = TypeVar("T")
 
 
+async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
+    """The body, refused as soon as it is known to exceed ``limit`` (from its declared length,
+    or while it arrives): a huge body never sits in memory."""
+    too_large = f"request body too large: the limit is {limit} bytes"
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise InputError(f"{too_large}, this one declares {declared}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise InputError(too_large)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_json(request: Request) -> dict[str, Any]:
-    body = await request.body()
+    body = await read_body(request)
     if not body.strip():
-        raise BadRequest("missing request body")
-    if len(body) > MAX_BODY:
-        raise BadRequest("request body too large")
+        raise InputError("missing request body")
     try:
         data = json.loads(body)
+    except RecursionError:
+        raise InputError("invalid JSON in request body: nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"invalid JSON in request body: {exc}") from exc
+        raise InputError(f"invalid JSON in request body: {exc}") from exc
     if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
+        raise InputError("request body must be a JSON object")
     return data
 
 
@@ -41,7 +61,7 @@ def field(data: dict[str, Any], name: str, kind: type[T], default: T) -> T:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return cast(T, float(value))
     if not ok:
-        raise BadRequest(
+        raise InputError(
             f'field "{name}" must be of type {_type_name(kind)}, got {_json_type(value)}'
         )
     return cast(T, value)
@@ -51,13 +71,42 @@ def str_map(data: dict[str, Any], name: str) -> dict[str, str]:
     value = field(data, name, dict, {})
     for key, item in value.items():
         if not isinstance(item, str):
-            raise BadRequest(f'field "{name}": value for {key!r} must be a string digest')
+            raise InputError(f'field "{name}": value for {key!r} must be a string digest')
     return dict(value)
 
 
-def model_field(data: dict[str, Any]) -> str:
-    """``model`` with the deprecated ``name`` alias."""
-    return (field(data, "model", str, "") or field(data, "name", str, "")).strip()
+def model_field(data: dict[str, Any], *, alias: bool = True) -> str:
+    """``model`` (with Ollama's deprecated alias ``name``): required, and not padded."""
+    raw = field(data, "model", str, "") or (field(data, "name", str, "") if alias else "")
+    if not raw:
+        raise InputError("model is required")
+    if raw != raw.strip():
+        raise InvalidNameError(f"invalid model name {raw!r}: remove the spaces around it")
+    return raw
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """A body that names a model, with the fields every such route reads alike."""
+
+    data: dict[str, Any]
+    model: str  # as the client wrote it (replies echo it)
+    options: dict[str, Any]
+    keep_alive: float | None
+    stream: bool
+
+
+async def read_model_request(
+    request: Request, *, stream_default: bool = True, alias: bool = True
+) -> ModelRequest:
+    data = await read_json(request)
+    return ModelRequest(
+        data=data,
+        model=model_field(data, alias=alias),
+        options=field(data, "options", dict, {}),
+        keep_alive=keep_alive_seconds(data.get("keep_alive")),
+        stream=field(data, "stream", bool, stream_default),
+    )
 
 
 def _type_name(kind: type) -> str:

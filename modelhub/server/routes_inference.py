@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -12,39 +11,23 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelhub.errors import BadRequest, ModelhubError, NotFound
+from modelhub.engine.grammar import format_grammar
+from modelhub.errors import InputError
 from modelhub.library.views import ModelView
-from modelhub.runtime.planning import keep_alive_seconds, plan
+from modelhub.runtime.planning import plan
+from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.generation import (
     final_stats,
     now_rfc3339,
     respond,
     run_on_runner,
 )
-from modelhub.server.requests import field, model_field, read_json
+from modelhub.server.lookup import find_model
+from modelhub.server.prompts import chat_prompt, generate_prompt
+from modelhub.server.requests import ModelRequest, field, read_model_request
 from modelhub.server.state import ServerState, get_state
-from modelhub.store import parse_name
-from modelhub.templates.prompt import build_chat_prompt, build_generate_prompt
 
 router = APIRouter()
-
-
-async def load_view(state: ServerState, raw: str, *, quote: str = "'") -> ModelView:
-    raw = raw.strip()
-    if raw.lower().endswith(":cloud"):
-        raise BadRequest("cloud models are not supported by modelhub")
-    if raw.lower().endswith(":local"):
-        raw = raw[: -len(":local")]
-    try:
-        name = parse_name(raw)
-    except ModelhubError as exc:
-        raise BadRequest("invalid model name") from exc
-    try:
-        return await asyncio.to_thread(state.views.get, name)
-    except NotFound:
-        if quote == '"':
-            raise NotFound(f'model "{raw}" not found, try pulling it first') from None
-        raise NotFound(f"model '{raw}' not found") from None
 
 
 def _format(data: dict[str, Any]) -> Any:
@@ -53,28 +36,22 @@ def _format(data: dict[str, Any]) -> Any:
         return None
     if fmt == "json" or isinstance(fmt, dict):
         return fmt
-    raise BadRequest(f'invalid format: {fmt!r}; expected "json" or a valid JSON Schema object')
+    raise InputError(f'invalid format: {fmt!r}; expected "json" or a valid JSON Schema object')
 
 
 def _messages(data: dict[str, Any]) -> list[dict[str, Any]]:
     raw = data.get("messages") or []
     if not isinstance(raw, list):
-        raise BadRequest('field "messages" must be an array')
+        raise InputError('field "messages" must be an array')
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
-            raise BadRequest(f"messages[{i}] must be an object with a string content")
+            raise InputError(f"messages[{i}] must be an object with a string content")
         role = str(m.get("role", "")).lower()
         if role not in ("system", "user", "assistant", "tool"):
-            raise BadRequest(f"messages[{i}]: role must be system, user, assistant or tool")
+            raise InputError(f"messages[{i}]: role must be system, user, assistant or tool")
         out.append({**m, "role": role, "content": m.get("content") or ""})
     return out
-
-
-def _special(state: ServerState, view: ModelView) -> tuple[str, str]:
-    if view.model_layer is None:
-        return "", ""
-    return state.views.special_tokens(view.model_layer.digest)
 
 
 def reply_body(raw: str, *, chat: bool, text: str = "") -> dict[str, Any]:
@@ -125,55 +102,45 @@ class NativeShaper:
         return out
 
 
-async def _unload_reply(state: ServerState, view: ModelView, raw: str, chat: bool) -> Response:
-    if view.model_layer is not None:
-        await state.scheduler.unload(view.model_layer.digest)
-    return JSONResponse({**reply_body(raw, chat=chat), "done": True, "done_reason": "unload"})
-
-
-async def _load_reply(
-    state: ServerState,
-    view: ModelView,
-    raw: str,
-    chat: bool,
-    options: dict[str, Any],
-    keep_alive: float | None,
+async def _load_only(
+    state: ServerState, view: ModelView, req: ModelRequest, chat: bool
 ) -> Response:
-    p = plan(view, options, num_threads=state.settings.num_threads)
-    async with state.scheduler.use(p.spec, keep_alive):
-        pass
-    return JSONResponse({**reply_body(raw, chat=chat), "done": True, "done_reason": "load"})
+    """A request with nothing to generate: load the model (or unload it with keep_alive 0)."""
+    if req.keep_alive == 0:
+        if view.model_layer is not None:
+            await state.scheduler.unload(view.model_layer.digest)
+        reason = "unload"
+    else:
+        p = plan(view, req.options, num_threads=state.settings.num_threads)
+        async with state.scheduler.use(p.spec, req.keep_alive):
+            pass
+        reason = "load"
+    body = reply_body(req.model, chat=chat)
+    return JSONResponse({**body, "done": True, "done_reason": reason})
 
 
 @router.post("/api/generate")
 async def generate(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    data = await read_json(request)
-    raw = model_field(data)
-    if not raw:
-        raise NotFound("model '' not found")
+    req = await read_model_request(request)
+    data = req.data
     prompt = field(data, "prompt", str, "")
-    options = field(data, "options", dict, {})
-    keep_alive = keep_alive_seconds(data.get("keep_alive"))
-    stream = field(data, "stream", bool, True)
     raw_mode = field(data, "raw", bool, False)
     system = field(data, "system", str, "")
     template = field(data, "template", str, "")
     suffix = field(data, "suffix", str, "")
     context = field(data, "context", list, [])
     if raw_mode and (template or system or context):
-        raise BadRequest("raw mode does not support template, system, or context")
+        raise InputError("raw mode does not support template, system, or context")
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
-        raise BadRequest('field "context" must be an array of token ids')
+        raise InputError('field "context" must be an array of token ids')
     fmt = _format(data)
-    view = await load_view(state, raw)
-    if not prompt and keep_alive == 0:
-        return await _unload_reply(state, view, raw, chat=False)
-    if not prompt and not suffix:
-        return await _load_reply(state, view, raw, False, options, keep_alive)
+    view = await find_model(state, req.model)
+    if not prompt and (req.keep_alive == 0 or not suffix):
+        return await _load_only(state, view, req, chat=False)
     prediction = data.get("prediction") if isinstance(data.get("prediction"), str) else None
-    p = plan(view, options, num_threads=state.settings.num_threads, prediction=bool(prediction))
+    p = plan(view, req.options, num_threads=state.settings.num_threads, prediction=bool(prediction))
     if raw_mode:
         text = prompt
     else:
@@ -191,18 +158,18 @@ async def generate(request: Request) -> Response:
         "prompt": text,
         "context": context or None,
         "options": p.options,
-        "format": fmt,
+        "grammar": format_grammar(fmt),
         "prediction": prediction,
     }
     shaper = NativeShaper(
-        raw,
+        req.model,
         chat=False,
         started=started,
         with_context=not raw_mode,
         record=lambda r: state.metrics.record(view.name.display, r),
     )
-    events = run_on_runner(state, p, keep_alive, msg, started)
-    return await respond(events, request, stream=stream, chunk=shaper.chunk, final=shaper.final)
+    events = run_on_runner(state, p, req.keep_alive, msg, started)
+    return await respond(events, request, stream=req.stream, chunk=shaper.chunk, final=shaper.final)
 
 
 def _done_reason(result: dict[str, Any]) -> str:
@@ -210,149 +177,49 @@ def _done_reason(result: dict[str, Any]) -> str:
     return "stop" if reason == "cancel" else reason
 
 
-def _jinja(view: ModelView) -> str | None:
-    return view.info.chat_template if view.info else None
-
-
-def chat_prompt(
-    state: ServerState,
-    view: ModelView,
-    messages: list[dict[str, Any]],
-    tools: list[Any] | None = None,
-) -> str:
-    """Model MESSAGEs + request messages (+ the model's SYSTEM unless one is given), rendered."""
-    history = list(view.messages) + messages
-    if view.system and (not messages or messages[0]["role"] != "system"):
-        history = [{"role": "system", "content": view.system}, *history]
-    bos, eos = _special(state, view)
-    return build_chat_prompt(
-        go_template=view.template,
-        jinja_template=None if view.template else _jinja(view),
-        messages=history,
-        tools=tools or None,
-        bos_token=bos,
-        eos_token=eos,
-        tokenizer_adds_bos=_adds_bos(view),
-    )
-
-
-def generate_prompt(
-    state: ServerState,
-    view: ModelView,
-    prompt: str,
-    *,
-    system: str = "",
-    template: str = "",
-    suffix: str = "",
-    with_history: bool = True,
-) -> str:
-    bos, eos = _special(state, view)
-    go = template or view.template
-    return build_generate_prompt(
-        go_template=go,
-        jinja_template=None if go else _jinja(view),
-        prompt=prompt,
-        system=system or view.system,
-        history=view.messages if with_history else [],
-        suffix=suffix or None,
-        bos_token=bos,
-        eos_token=eos,
-        tokenizer_adds_bos=_adds_bos(view),
-    )
-
-
 @router.post("/api/chat")
 async def chat(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    data = await read_json(request)
-    raw = model_field(data)
-    if not raw:
-        raise BadRequest("model is required")
-    messages = _messages(data)
-    options = field(data, "options", dict, {})
-    keep_alive = keep_alive_seconds(data.get("keep_alive"))
-    stream = field(data, "stream", bool, True)
-    tools = field(data, "tools", list, [])
-    fmt = _format(data)
-    view = await load_view(state, raw)
-    if not messages and keep_alive == 0:
-        return await _unload_reply(state, view, raw, chat=True)
+    req = await read_model_request(request)
+    messages = _messages(req.data)
+    tools = field(req.data, "tools", list, [])
+    fmt = _format(req.data)
+    view = await find_model(state, req.model)
     if not messages:
-        return await _load_reply(state, view, raw, True, options, keep_alive)
-    p = plan(view, options, num_threads=state.settings.num_threads)
+        return await _load_only(state, view, req, chat=True)
+    p = plan(view, req.options, num_threads=state.settings.num_threads)
     text = chat_prompt(state, view, messages, tools)
-    msg = {"op": "generate", "prompt": text, "options": p.options, "format": fmt}
+    msg = {"op": "generate", "prompt": text, "options": p.options, "grammar": format_grammar(fmt)}
     shaper = NativeShaper(
-        raw,
+        req.model,
         chat=True,
         started=started,
         with_context=False,
         record=lambda r: state.metrics.record(view.name.display, r),
     )
-    events = run_on_runner(state, p, keep_alive, msg, started)
-    return await respond(events, request, stream=stream, chunk=shaper.chunk, final=shaper.final)
-
-
-async def embed_texts(
-    state: ServerState,
-    view: ModelView,
-    texts: list[str],
-    options: dict[str, Any],
-    keep_alive: float | None,
-    started: int,
-) -> tuple[list[list[float]], int, int]:
-    p = plan(view, options, num_threads=state.settings.num_threads, embedding=True)
-    load_ns = 0
-    vectors: list[list[float]] = []
-    count = 0
-    async for ev in run_on_runner(state, p, keep_alive, {"op": "embed", "texts": texts}, started):
-        if ev.get("event") == "ready":
-            load_ns = int(ev["load_duration"])
-        elif ev.get("event") == "embeddings":
-            vectors = ev["embeddings"]
-            count = int(ev.get("prompt_eval_count") or 0)
-    return vectors, count, load_ns
-
-
-def _normalise(vec: list[float], dims: int) -> list[float]:
-    if 0 < dims < len(vec):
-        vec = vec[:dims]
-    if not all(math.isfinite(v) for v in vec):
-        raise ModelhubError("the model produced a non-finite embedding value")
-    norm = math.sqrt(sum(v * v for v in vec)) or 1.0
-    return [v / norm for v in vec]
+    events = run_on_runner(state, p, req.keep_alive, msg, started)
+    return await respond(events, request, stream=req.stream, chunk=shaper.chunk, final=shaper.final)
 
 
 @router.post("/api/embed")
 async def embed(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    data = await read_json(request)
-    raw = model_field(data)
-    if not raw:
-        raise NotFound("model '' not found")
-    inp = data.get("input")
-    if inp is None or inp == "":
-        texts: list[str] = []
-    elif isinstance(inp, str):
-        texts = [inp]
-    elif isinstance(inp, list) and all(isinstance(x, str) for x in inp):
-        texts = list(inp)
-    else:
-        raise BadRequest("invalid input type")
-    dims = field(data, "dimensions", int, 0)
-    options = field(data, "options", dict, {})
-    keep_alive = keep_alive_seconds(data.get("keep_alive"))
-    view = await load_view(state, raw, quote='"')
+    req = await read_model_request(request)
+    texts = input_texts(req.data.get("input"), allow_empty=True)
+    dims = field(req.data, "dimensions", int, 0)
+    view = await find_model(state, req.model)
     if not texts:
-        await _load_reply(state, view, raw, False, options, keep_alive)
-        return JSONResponse({"model": raw, "embeddings": []})
-    vectors, count, load_ns = await embed_texts(state, view, texts, options, keep_alive, started)
+        await _load_only(state, view, req, chat=False)
+        return JSONResponse({"model": req.model, "embeddings": []})
+    vectors, count, load_ns = await embed_texts(
+        state, view, texts, req.options, req.keep_alive, started
+    )
     return JSONResponse(
         {
-            "model": raw,
-            "embeddings": [_normalise(v, dims) for v in vectors],
+            "model": req.model,
+            "embeddings": [normalise(v, dims) for v in vectors],
             "total_duration": time.monotonic_ns() - started,
             "load_duration": load_ns,
             "prompt_eval_count": count,
@@ -364,18 +231,13 @@ async def embed(request: Request) -> Response:
 async def embeddings_legacy(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    data = await read_json(request)
-    raw = model_field(data)
-    if not raw:
-        raise BadRequest("model is required")
-    prompt = field(data, "prompt", str, "")
-    options = field(data, "options", dict, {})
-    keep_alive = keep_alive_seconds(data.get("keep_alive"))
-    view = await load_view(state, raw, quote='"')
+    req = await read_model_request(request)
+    prompt = field(req.data, "prompt", str, "")
+    view = await find_model(state, req.model)
     if not prompt:
-        await _load_reply(state, view, raw, False, options, keep_alive)
+        await _load_only(state, view, req, chat=False)
         return JSONResponse({"embedding": []})
-    vectors, _, _ = await embed_texts(state, view, [prompt], options, keep_alive, started)
+    vectors, _, _ = await embed_texts(state, view, [prompt], req.options, req.keep_alive, started)
     return JSONResponse({"embedding": vectors[0] if vectors else []})
 
 
@@ -410,7 +272,3 @@ async def ps(request: Request) -> Response:
             }
         models.append(entry)
     return JSONResponse({"models": models})
-
-
-def _adds_bos(view: ModelView) -> bool:
-    return not (view.info is not None and view.info.add_bos is False)

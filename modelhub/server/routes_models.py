@@ -11,24 +11,24 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelhub.errors import BadRequest, ModelhubError, NotFound
+from modelhub.errors import (
+    InputError,
+    InvalidDigestError,
+    InvalidNameError,
+    ModelhubError,
+    NotFoundError,
+)
 from modelhub.gguf.info import capabilities, model_info_for_show
 from modelhub.library.create import CreateRequest, Creator
 from modelhub.library.views import ModelView
 from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
+from modelhub.server.lookup import find_model
 from modelhub.server.requests import field, model_field, read_json, str_map
 from modelhub.server.state import ServerState, get_state
 from modelhub.server.streaming import run_streaming
-from modelhub.store import ModelName, parse_digest, parse_name
+from modelhub.store import parse_digest, parse_name
 
 router = APIRouter()
-
-
-def _name(raw: str, message: str = "invalid model name") -> ModelName:
-    try:
-        return parse_name(raw)
-    except ModelhubError as exc:
-        raise BadRequest(message) from exc
 
 
 def tag_entry(view: ModelView) -> dict[str, Any]:
@@ -132,17 +132,10 @@ def _draft_summary(view: ModelView, params: dict[str, Any]) -> dict[str, Any]:
 async def show(request: Request) -> Response:
     state = get_state(request)
     data = await read_json(request)
-    raw = model_field(data)
-    if not raw:
-        raise BadRequest("model is required")
-    name = _name(raw)
+    view = await find_model(state, model_field(data))
     verbose = field(data, "verbose", bool, False)
     system = field(data, "system", str, "")
     options = field(data, "options", dict, {})
-    try:
-        view = await asyncio.to_thread(state.views.get, name)
-    except NotFound as exc:
-        raise NotFound(f"model '{name.display}' not found") from exc
     return JSONResponse(show_payload(view, verbose, system or None, options))
 
 
@@ -151,13 +144,11 @@ async def delete(request: Request) -> Response:
     state = get_state(request)
     data = await read_json(request)
     raw = model_field(data)
-    if not raw:
-        raise BadRequest("model is required")
-    name = _name(raw, f'name "{raw}" is invalid')
+    name = parse_name(raw)
     try:
         await asyncio.to_thread(state.store.delete, name)
-    except NotFound as exc:
-        raise NotFound(f"model '{raw}' not found") from exc
+    except NotFoundError as exc:
+        raise NotFoundError(f"model '{raw}' not found") from exc
     state.on_model_changed(name)
     return Response(status_code=200)
 
@@ -166,14 +157,12 @@ async def delete(request: Request) -> Response:
 async def copy(request: Request) -> Response:
     state = get_state(request)
     data = await read_json(request)
-    src_raw = field(data, "source", str, "").strip()
-    dst_raw = field(data, "destination", str, "").strip()
-    src = _name(src_raw, f'source "{src_raw}" is invalid')
-    dst = _name(dst_raw, f'destination "{dst_raw}" is invalid')
+    src_raw, dst_raw = _name_field(data, "source"), _name_field(data, "destination")
+    src, dst = parse_name(src_raw), parse_name(dst_raw)
     try:
         await asyncio.to_thread(state.store.copy, src, dst)
-    except NotFound as exc:
-        raise NotFound(f'model "{src_raw}" not found') from exc
+    except NotFoundError as exc:
+        raise NotFoundError(f"model '{src_raw}' not found") from exc
     return Response(status_code=200)
 
 
@@ -183,7 +172,7 @@ async def blob_head(request: Request, digest: str) -> Response:
     try:
         canonical = parse_digest(digest, lenient=True)
     except ModelhubError:
-        return JSONResponse({"error": "invalid digest format"}, status_code=400)
+        raise InvalidDigestError("invalid digest format") from None
     if state.store.has_blob(canonical):
         return Response(status_code=200)
     return Response(status_code=404)
@@ -207,11 +196,18 @@ async def blob_upload(request: Request, digest: str) -> Response:
     return Response(status_code=201)
 
 
-def parse_create(data: dict[str, Any]) -> CreateRequest:
-    raw = model_field(data)
+def _name_field(data: dict[str, Any], key: str) -> str:
+    """A model name in a field other than ``model`` (copy's source and destination)."""
+    raw = field(data, key, str, "")
     if not raw:
-        raise BadRequest("invalid model name")
-    name = _name(raw)
+        raise InputError(f"{key} is required")
+    if raw != raw.strip():
+        raise InvalidNameError(f"invalid model name {raw!r}: remove the spaces around it")
+    return raw
+
+
+def parse_create(data: dict[str, Any]) -> CreateRequest:
+    name = parse_name(model_field(data))
     license_value = data.get("license")
     if isinstance(license_value, str):
         licenses = [license_value]
@@ -220,10 +216,10 @@ def parse_create(data: dict[str, Any]) -> CreateRequest:
     elif isinstance(license_value, list) and all(isinstance(x, str) for x in license_value):
         licenses = list(license_value)
     else:
-        raise BadRequest('field "license" must be a string or an array of strings')
+        raise InputError('field "license" must be a string or an array of strings')
     messages = data.get("messages")
     if messages is not None and not isinstance(messages, list):
-        raise BadRequest('field "messages" must be an array of {"role","content"} objects')
+        raise InputError('field "messages" must be an array of {"role","content"} objects')
     quantize = field(data, "quantize", str, "") or field(data, "quantization", str, "")
     return CreateRequest(
         model=name,
@@ -270,8 +266,6 @@ async def pull(request: Request) -> Response:
     state = get_state(request)
     data = await read_json(request)
     ref = model_field(data)
-    if not ref:
-        raise BadRequest("invalid model name")
     insecure = field(data, "insecure", bool, False)
     stream = field(data, "stream", bool, True)
     cancel = threading.Event()

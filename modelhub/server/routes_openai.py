@@ -8,40 +8,33 @@ Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import secrets
+import struct
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from modelhub.errors import BadRequest, ModelhubError, NotFound
+from modelhub.engine.grammar import format_grammar
+from modelhub.errors import InputError, ModelhubError
 from modelhub.runtime.planning import keep_alive_seconds, plan
+from modelhub.server.embedding import embed_texts, input_texts, normalise
+from modelhub.server.errors import error_body
 from modelhub.server.generation import collect, run_on_runner
-from modelhub.server.requests import field, read_json
-from modelhub.server.routes_inference import (
-    _normalise,
-    chat_prompt,
-    embed_texts,
-    generate_prompt,
-    load_view,
-)
+from modelhub.server.lookup import find_model
+from modelhub.server.prompts import chat_prompt, generate_prompt
+from modelhub.server.requests import field, read_model_request
 from modelhub.server.state import ServerState, get_state
 
 router = APIRouter()
 
 Event = dict[str, Any]
-
-
-def openai_error(exc: ModelhubError) -> JSONResponse:
-    kind = "invalid_request_error" if exc.status < 500 else "api_error"
-    code = "model_not_found" if exc.status == 404 else None
-    return JSONResponse(
-        {"error": {"message": exc.message, "type": kind, "param": None, "code": code}},
-        status_code=exc.status,
-    )
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -51,15 +44,15 @@ def _content_text(content: Any, where: str) -> str:
         texts = []
         for part in content:
             if not isinstance(part, dict):
-                raise BadRequest(f"{where}: content parts must be objects")
+                raise InputError(f"{where}: content parts must be objects")
             if part.get("type") == "text":
                 texts.append(str(part.get("text", "")))
             else:
-                raise BadRequest(
+                raise InputError(
                     f"{where}: content part type {part.get('type')!r} is not supported"
                 )
         return "".join(texts)
-    raise BadRequest(f"{where}: content must be a string or an array of parts")
+    raise InputError(f"{where}: content must be a string or an array of parts")
 
 
 def _options(data: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +65,7 @@ def _options(data: dict[str, Any]) -> dict[str, Any]:
     max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
     if max_tokens is not None:
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise BadRequest("max_tokens must be a positive integer")
+            raise InputError("max_tokens must be a positive integer")
         opts["num_predict"] = max_tokens
     if data.get("seed") is not None:
         opts["seed"] = field(data, "seed", int, 0)
@@ -82,7 +75,7 @@ def _options(data: dict[str, Any]) -> dict[str, Any]:
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         opts["stop"] = stop
     elif stop is not None:
-        raise BadRequest("stop must be a string or an array of strings")
+        raise InputError("stop must be a string or an array of strings")
     return opts
 
 
@@ -91,7 +84,7 @@ def _format(data: dict[str, Any]) -> Any:
     if rf is None:
         return None
     if not isinstance(rf, dict):
-        raise BadRequest("response_format must be an object")
+        raise InputError("response_format must be an object")
     kind = rf.get("type")
     if kind == "text":
         return None
@@ -100,9 +93,9 @@ def _format(data: dict[str, Any]) -> Any:
     if kind == "json_schema":
         schema = (rf.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
-            raise BadRequest("response_format.json_schema.schema must be a JSON schema object")
+            raise InputError("response_format.json_schema.schema must be a JSON schema object")
         return schema
-    raise BadRequest(f"response_format type {kind!r} is not supported")
+    raise InputError(f"response_format type {kind!r} is not supported")
 
 
 def _prediction(data: dict[str, Any]) -> str | None:
@@ -110,7 +103,7 @@ def _prediction(data: dict[str, Any]) -> str | None:
     if pred is None:
         return None
     if not isinstance(pred, dict) or pred.get("type") != "content":
-        raise BadRequest('prediction must be {"type": "content", "content": ...}')
+        raise InputError('prediction must be {"type": "content", "content": ...}')
     return _content_text(pred.get("content"), "prediction")
 
 
@@ -149,7 +142,7 @@ async def _events(
         "op": "generate",
         "prompt": prompt_text,
         "options": p.options,
-        "format": _format(request_data),
+        "grammar": format_grammar(_format(request_data)),
         "prediction": predicted,
     }
     keep_alive = keep_alive_seconds(request_data.get("keep_alive"))
@@ -163,49 +156,77 @@ async def _events(
         yield ev
 
 
+@dataclass(frozen=True)
+class _Completion:
+    """One read and rendered /v1 completion request: what every reply object repeats."""
+
+    chat: bool
+    model: str
+    prompt: str  # the rendered text the model is given
+    stream: bool
+    include_usage: bool
+    ident: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    def envelope(self, chunk: bool, **rest: Any) -> dict[str, Any]:
+        if self.chat:
+            kind = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            kind = "text_completion"
+        return {
+            "id": ("chatcmpl-" if self.chat else "cmpl-") + self.ident,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_modelhub",
+            **rest,
+        }
+
+
+def _chat_messages(data: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = data.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise InputError("messages must be a non-empty array")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise InputError(f"messages[{i}] must be an object")
+        role = str(m.get("role", "")).lower()
+        role = "system" if role == "developer" else role
+        if role not in ("system", "user", "assistant", "tool"):
+            raise InputError(f"messages[{i}].role {m.get('role')!r} is not supported")
+        messages.append(
+            {"role": role, "content": _content_text(m.get("content"), f"messages[{i}]")}
+        )
+    return messages
+
+
+def _completion_prompt(data: dict[str, Any]) -> str:
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise InputError("prompt must be a string")
+    return prompt
+
+
 async def _run(request: Request, chat: bool) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    try:
-        data = await read_json(request)
-        model = field(data, "model", str, "").strip()
-        if not model:
-            raise BadRequest("model is required")
-        view = await load_view(state, model)
-        if chat:
-            raw_messages = data.get("messages")
-            if not isinstance(raw_messages, list) or not raw_messages:
-                raise BadRequest("messages must be a non-empty array")
-            messages = []
-            for i, m in enumerate(raw_messages):
-                if not isinstance(m, dict):
-                    raise BadRequest(f"messages[{i}] must be an object")
-                role = str(m.get("role", "")).lower()
-                role = "system" if role == "developer" else role
-                if role not in ("system", "user", "assistant", "tool"):
-                    raise BadRequest(f"messages[{i}].role {m.get('role')!r} is not supported")
-                messages.append(
-                    {"role": role, "content": _content_text(m.get("content"), f"messages[{i}]")}
-                )
-            text = chat_prompt(state, view, messages, field(data, "tools", list, []) or None)
-        else:
-            prompt = data.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if not isinstance(prompt, str):
-                raise BadRequest("prompt must be a string")
-            text = generate_prompt(state, view, prompt, suffix=field(data, "suffix", str, ""))
-        stream = field(data, "stream", bool, False)
-        include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
-        events = _events(state, data, text, view, started)
-        # Up to the first token (or everything, unstreamed): errors keep their status.
-        head = await collect(events, request, first_token_only=stream)
-    except ModelhubError as exc:
-        return openai_error(exc)
-
-    ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(6)
-    created = int(time.time())
-    obj = "chat.completion" if chat else "text_completion"
+    req = await read_model_request(request, stream_default=False, alias=False)
+    data = req.data
+    view = await find_model(state, req.model)
+    if chat:
+        tools = field(data, "tools", list, []) or None
+        text = chat_prompt(state, view, _chat_messages(data), tools)
+    else:
+        suffix = field(data, "suffix", str, "")
+        text = generate_prompt(state, view, _completion_prompt(data), suffix=suffix)
+    usage_wanted = bool((data.get("stream_options") or {}).get("include_usage"))
+    c = _Completion(chat, req.model, text, req.stream, usage_wanted)
+    events = _events(state, data, text, view, started)
+    # Up to the first token (or everything, unstreamed): errors keep their status.
+    head = await collect(events, request, first_token_only=c.stream)
 
     async def all_events() -> AsyncIterator[Event]:
         for ev in head:
@@ -213,93 +234,56 @@ async def _run(request: Request, chat: bool) -> Response:
         async for ev in events:
             yield ev
 
-    if not stream:
-        parts: list[str] = []
-        result: dict[str, Any] = {}
-        try:
-            async for ev in all_events():
-                if ev.get("event") == "token":
-                    parts.append(str(ev.get("text", "")))
-                elif ev.get("event") == "done":
-                    result = ev["result"]
-        except ModelhubError as exc:
-            return openai_error(exc)
-        text_out = "".join(parts)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(result)}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text_out}
-        else:
-            choice["text"] = text_out
-            choice["logprobs"] = None
-        return JSONResponse(
-            {
-                "id": ident,
-                "object": obj,
-                "created": created,
-                "model": model,
-                "system_fingerprint": "fp_modelhub",
-                "choices": [choice],
-                "usage": _usage(result),
-            }
-        )
+    if not c.stream:
+        return await _unstreamed(c, all_events())
+    return StreamingResponse(_streamed(c, all_events()), media_type="text/event-stream")
 
-    chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(delta_text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": 0, "finish_reason": finish}
-        if chat:
-            delta: dict[str, Any] = {}
-            if first:
-                delta["role"] = "assistant"
-            if delta_text is not None:
-                delta["content"] = delta_text
-            c["delta"] = delta
-        else:
-            c["text"] = delta_text or ""
-        return {
-            "id": ident,
-            "object": chunk_obj,
-            "created": created,
-            "model": model,
-            "system_fingerprint": "fp_modelhub",
-            "choices": [c],
-        }
+async def _unstreamed(c: _Completion, events: AsyncIterator[Event]) -> Response:
+    parts: list[str] = []
+    result: dict[str, Any] = {}
+    async for ev in events:
+        if ev.get("event") == "token":
+            parts.append(str(ev.get("text", "")))
+        elif ev.get("event") == "done":
+            result = ev["result"]
+    text = "".join(parts)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(result)}
+    if c.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+        choice["logprobs"] = None
+    return JSONResponse(c.envelope(False, choices=[choice], usage=_usage(result)))
 
-    async def sse() -> AsyncIterator[bytes]:
-        first = True
-        try:
-            async for ev in all_events():
-                if ev.get("event") == "token":
-                    yield _sse(chunk(str(ev.get("text", "")), None, first))
-                    first = False
-                elif ev.get("event") == "done":
-                    result = ev["result"]
-                    yield _sse(chunk(None, _finish(result), first))
-                    if include_usage:
-                        usage = {
-                            "id": ident,
-                            "object": chunk_obj,
-                            "created": created,
-                            "model": model,
-                            "system_fingerprint": "fp_modelhub",
-                            "choices": [],
-                            "usage": _usage(result),
-                        }
-                        yield _sse(usage)
-        except ModelhubError as exc:
-            yield _sse(
-                {
-                    "error": {
-                        "message": exc.message,
-                        "type": "api_error",
-                        "param": None,
-                        "code": None,
-                    }
-                }
-            )
-        yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(sse(), media_type="text/event-stream")
+def _chunk(c: _Completion, text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if c.chat:
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text is not None:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    return c.envelope(True, choices=[choice])
+
+
+async def _streamed(c: _Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+    first = True
+    try:
+        async for ev in events:
+            if ev.get("event") == "token":
+                yield _sse(_chunk(c, str(ev.get("text", "")), None, first))
+                first = False
+            elif ev.get("event") == "done":
+                result = ev["result"]
+                yield _sse(_chunk(c, None, _finish(result), first))
+                if c.include_usage:
+                    yield _sse(c.envelope(True, choices=[], usage=_usage(result)))
+    except ModelhubError as exc:
+        yield _sse(error_body(exc, "openai"))
+    yield b"data: [DONE]\n\n"
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -329,13 +313,7 @@ async def list_models(request: Request) -> Response:
 
 @router.get("/v1/models/{model:path}")
 async def get_model(request: Request, model: str) -> Response:
-    state = get_state(request)
-    try:
-        view = await load_view(state, model)
-    except ModelhubError as exc:
-        if isinstance(exc, NotFound):
-            exc = NotFound(f"The model '{model}' does not exist")
-        return openai_error(exc)
+    view = await find_model(get_state(request), model)
     return JSONResponse(_model_entry(view.name.display, view.stored.modified))
 
 
@@ -343,40 +321,18 @@ async def get_model(request: Request, model: str) -> Response:
 async def embeddings(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    try:
-        data = await read_json(request)
-        model = field(data, "model", str, "").strip()
-        if not model:
-            raise BadRequest("model is required")
-        inp = data.get("input")
-        if isinstance(inp, str):
-            texts = [inp]
-        elif isinstance(inp, list) and inp and all(isinstance(x, str) for x in inp):
-            texts = list(inp)
-        else:
-            raise BadRequest("input must be a non-empty string or array of strings")
-        dims = field(data, "dimensions", int, 0)
-        view = await load_view(state, model, quote='"')
-        vectors, count, _ = await embed_texts(state, view, texts, {}, None, started)
-    except ModelhubError as exc:
-        return openai_error(exc)
-    if data.get("encoding_format") == "base64":
-        import base64
-        import struct
-
+    req = await read_model_request(request, stream_default=False, alias=False)
+    texts = input_texts(req.data.get("input"), allow_empty=False)
+    dims = field(req.data, "dimensions", int, 0)
+    view = await find_model(state, req.model)
+    vectors, count, _ = await embed_texts(state, view, texts, {}, None, started)
+    if req.data.get("encoding_format") == "base64":
         items: list[Any] = [
-            base64.b64encode(struct.pack(f"<{len(v)}f", *_normalise(v, dims))).decode()
+            base64.b64encode(struct.pack(f"<{len(v)}f", *normalise(v, dims))).decode()
             for v in vectors
         ]
     else:
-        items = [_normalise(v, dims) for v in vectors]
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(items)
-            ],
-            "model": model,
-            "usage": {"prompt_tokens": count, "total_tokens": count},
-        }
-    )
+        items = [normalise(v, dims) for v in vectors]
+    data = [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(items)]
+    usage = {"prompt_tokens": count, "total_tokens": count}
+    return JSONResponse({"object": "list", "data": data, "model": req.model, "usage": usage})

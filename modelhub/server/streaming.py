@@ -16,23 +16,12 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from modelhub.errors import ModelhubError
+from modelhub.server.errors import as_error, error_body, error_response
 
 log = logging.getLogger(__name__)
 
 Job = Callable[[Callable[[dict[str, Any]], None]], None]
 _DONE = object()
-
-
-def error_response(exc: BaseException) -> JSONResponse:
-    if isinstance(exc, ModelhubError):
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
-    log.exception("internal error", exc_info=exc)
-    return JSONResponse({"error": f"internal error: {exc}"}, status_code=500)
-
-
-def error_text(exc: BaseException) -> str:
-    return exc.message if isinstance(exc, ModelhubError) else f"internal error: {exc}"
 
 
 async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None = None) -> Response:
@@ -47,9 +36,7 @@ async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None =
         try:
             job(emit)
         except BaseException as exc:  # reported to the client, never lost
-            if not isinstance(exc, ModelhubError):
-                log.exception("job failed")
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
+            loop.call_soon_threadsafe(queue.put_nowait, as_error(exc))
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
@@ -61,20 +48,20 @@ async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None =
             if isinstance(item, BaseException):
                 while await queue.get() is not _DONE:
                     pass
-                return error_response(item)
+                return error_response(item, "ollama")
             last = item
         return JSONResponse(last or {})
 
     first = await queue.get()
     if isinstance(first, BaseException):
-        return error_response(first)
+        return error_response(first, "ollama")
 
     async def lines() -> AsyncIterator[bytes]:
         item = first
         try:
             while item is not _DONE:
                 if isinstance(item, BaseException):
-                    yield _line({"error": error_text(item)})
+                    yield _line(error_body(item, "ollama"))
                 else:
                     yield _line(item)
                 item = await queue.get()

@@ -1,5 +1,6 @@
 """Content-addressed model store: names, digests, blobs, manifests and the store itself."""
 
+from modelhub.errors import ManifestFormatError
 from modelhub.store.blobs import BlobWriter
 from modelhub.store.digests import (
     blob_filename,
@@ -23,7 +24,6 @@ from modelhub.store.manifests import (
     MEDIA_TEMPLATE,
     Layer,
     Manifest,
-    ManifestFormatError,
 )
 from modelhub.store.names import (
     DEFAULT_HOST,

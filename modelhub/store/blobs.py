@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-from modelhub.errors import BadRequest, DigestMismatch, StoreError
+from modelhub.errors import DigestMismatchError, InputError, StoreError
 from modelhub.store.digests import blob_path_in, parse_digest
 
 TEMP_PREFIX = ".tmp-"
@@ -64,7 +64,7 @@ class BlobWriter:
             raise StoreError("blob writer used after commit or abort")
         if self.max_size is not None and self.size + len(data) > self.max_size:
             self.abort()
-            raise BadRequest(f"blob is larger than the limit of {self.max_size} bytes")
+            raise InputError(f"blob is larger than the limit of {self.max_size} bytes")
         try:
             self._file.write(data)
         except OSError as exc:
@@ -97,7 +97,7 @@ class BlobWriter:
         actual = self.digest
         if expected is not None and actual != expected:
             self.abort()
-            raise DigestMismatch(f'digest mismatch, expected "{expected}", got "{actual}"')
+            raise DigestMismatchError(f'digest mismatch, expected "{expected}", got "{actual}"')
         final = blob_path_in(self.blobs_dir, actual)
         self._done = True
         try:

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from modelhub.errors import InvalidDigest
+from modelhub.errors import InvalidDigestError
 
 CHUNK_SIZE = 1 << 20  # 1 MiB: large enough for throughput, small enough for steady memory
 
@@ -44,7 +44,7 @@ def parse_digest(text: str, *, lenient: bool = False) -> str:
             match = _LENIENT.fullmatch(text)
             if match:
                 return "sha256:" + match.group(1).lower()
-    raise InvalidDigest(
+    raise InvalidDigestError(
         f"invalid digest format: {_shown(text)} "
         '(expected "sha256:" followed by 64 lowercase hexadecimal characters)'
     )
@@ -67,7 +67,9 @@ def blob_path_in(blobs_dir: Path, digest: str) -> Path:
     # The grammar already rules out separators and dots; this guards against a regression.
     # The file itself is not resolved: a blob that is a symlink is the user's choice.
     if path.parent != blobs_dir:
-        raise InvalidDigest(f"invalid digest format: {_shown(digest)} (escapes the blob store)")
+        raise InvalidDigestError(
+            f"invalid digest format: {_shown(digest)} (escapes the blob store)"
+        )
     return path
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelhub.errors import BadRequest
+from modelhub.errors import ManifestFormatError
 from modelhub.store.digests import parse_digest
 
 MEDIA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -28,10 +28,6 @@ MEDIA_MESSAGES = "application/vnd.ollama.image.messages"
 MEDIA_LICENSE = "application/vnd.ollama.image.license"
 
 MAX_MANIFEST_BYTES = 4 << 20  # real manifests are a few KB; this bounds a hostile one
-
-
-class ManifestFormatError(BadRequest):
-    """A manifest whose JSON does not have the expected shape."""
 
 
 @dataclass
@@ -58,7 +54,7 @@ class Layer:
         digest = obj.get("digest")
         if not isinstance(digest, str):
             raise ManifestFormatError(f"invalid manifest: {where}.digest is missing")
-        parse_digest(digest)  # InvalidDigest: never let a bad digest near a path
+        parse_digest(digest)  # InvalidDigestError: never let a bad digest near a path
         size = obj.get("size")
         if type(size) is not int or size < 0:
             raise ManifestFormatError(

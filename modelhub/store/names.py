@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from modelhub.errors import InvalidName
+from modelhub.errors import InvalidNameError
 
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
@@ -68,7 +68,7 @@ class ModelName:
         for kind in ("host", "namespace", "model", "tag"):
             problem = _part_problem(kind, getattr(self, kind))
             if problem is not None:
-                raise InvalidName(f"invalid model name: {problem}")
+                raise InvalidNameError(f"invalid model name: {problem}")
 
     @classmethod
     def from_parts(cls, host: str, namespace: str, model: str, tag: str) -> ModelName:
@@ -103,13 +103,13 @@ def parse_name(raw: str) -> ModelName:
     splits off model, namespace and host. ``@digest`` references are not supported.
     """
     if not isinstance(raw, str):
-        raise InvalidName(f"invalid model name: expected a string, got {type(raw).__name__}")
+        raise InvalidNameError(f"invalid model name: expected a string, got {type(raw).__name__}")
     text = raw.strip()
     if not text:
-        raise InvalidName("invalid model name: the name is empty")
+        raise InvalidNameError("invalid model name: the name is empty")
 
-    def fail(reason: str) -> InvalidName:
-        return InvalidName(f"invalid model name: {_quoted(text)}: {reason}")
+    def fail(reason: str) -> InvalidNameError:
+        return InvalidNameError(f"invalid model name: {_quoted(text)}: {reason}")
 
     if "@" in text:
         raise fail("digest references (name@sha256:...) are not supported; use name:tag")

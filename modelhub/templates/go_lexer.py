@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 
 KEYWORDS = frozenset(
     {"if", "else", "end", "range", "with", "define", "template", "block", "break", "continue"}
@@ -61,7 +61,7 @@ class Positions:
 
 def template_error(positions: Positions, offset: int, what: str) -> NoReturn:
     line, col = positions.line_col(offset)
-    raise BadRequest(f"template error: {what} at line {line} col {col}")
+    raise InputError(f"template error: {what} at line {line} col {col}")
 
 
 class _Lexer:

@@ -9,7 +9,7 @@ string (with Go escapes), raw string, character, number, bool and nil literals, 
 ``currentDate``, ``yesterdayDate`` and ``toTypeScriptType``. ``define``/``template``/``block``
 are refused. How Python values behave as Go values is described in ``go_values``.
 
-Errors, at parse or execution time, are ``BadRequest("template error: <what> at line L col C")``.
+Errors, at parse or execution time, are ``InputError("template error: <what> at line L col C")``.
 """
 
 from __future__ import annotations

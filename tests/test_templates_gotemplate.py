@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 from modelhub.templates import Limits, parse_template
 from modelhub.templates.go_funcs import go_quote
 
@@ -302,7 +302,7 @@ ERRORS = [
 
 @pytest.mark.parametrize(("text", "what", "line", "col"), ERRORS)
 def test_parse_errors_say_what_and_where(text: str, what: str, line: int, col: int) -> None:
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(InputError) as info:
         parse_template(text)
     message = str(info.value)
     assert message.startswith("template error: ")
@@ -338,7 +338,7 @@ def test_execution_errors_say_what_and_where(
     text: str, data: dict[str, Any], what: str, line: int, col: int
 ) -> None:
     t = parse_template(text)
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(InputError) as info:
         t.execute(data)
     assert what in str(info.value)
     assert str(info.value).endswith(f"at line {line} col {col}"), str(info.value)
@@ -360,7 +360,7 @@ def test_hostile_templates_stop_quickly_with_a_clear_error(text: str) -> None:
     t = parse_template(text)
     start = time.perf_counter()
     with pytest.raises(
-        BadRequest,
+        InputError,
         match=r"template error: (execution stopped after|output exceeds|\w+ result exceeds)",
     ):
         t.execute({"L": list(range(200))})
@@ -370,7 +370,7 @@ def test_hostile_templates_stop_quickly_with_a_clear_error(text: str) -> None:
 def test_time_limit_applies_even_with_a_large_step_budget() -> None:
     t = parse_template("{{ range 1000000000 }}{{ end }}")
     start = time.perf_counter()
-    with pytest.raises(BadRequest, match=r"execution took longer than 0\.2 s"):
+    with pytest.raises(InputError, match=r"execution took longer than 0\.2 s"):
         t.execute({}, Limits(max_steps=10**12, timeout_s=0.2))
     assert time.perf_counter() - start < 1.5
 
@@ -378,14 +378,14 @@ def test_time_limit_applies_even_with_a_large_step_budget() -> None:
 def test_output_limit_is_exact() -> None:
     t = parse_template("{{ range 10 }}abc{{ end }}")
     assert t.execute({}, Limits(max_output=30)) == "abc" * 10
-    with pytest.raises(BadRequest, match="output exceeds 29 characters"):
+    with pytest.raises(InputError, match="output exceeds 29 characters"):
         t.execute({}, Limits(max_output=29))
 
 
 def test_deep_nesting_is_refused_at_parse_time() -> None:
-    with pytest.raises(BadRequest, match="nests deeper than 100 levels"):
+    with pytest.raises(InputError, match="nests deeper than 100 levels"):
         parse_template("{{ if 1 }}" * 150 + "{{ end }}" * 150)
-    with pytest.raises(BadRequest, match="nests deeper than 100 levels"):
+    with pytest.raises(InputError, match="nests deeper than 100 levels"):
         parse_template("{{ " + "(" * 150 + "1" + ")" * 150 + " }}")
     assert render("{{ if 1 }}" * 50 + "x" + "{{ end }}" * 50) == "x"
 

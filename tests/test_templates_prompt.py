@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 from modelhub.templates import parse_template
 from modelhub.templates.prompt import (
     PromptInput,
@@ -165,9 +165,9 @@ def test_empty_suffix_is_a_normal_prompt() -> None:
 
 
 def test_suffix_without_a_template_that_supports_it_is_refused() -> None:
-    with pytest.raises(BadRequest, match="does not support insert"):
+    with pytest.raises(InputError, match="does not support insert"):
         generate(CHATML_GO, "x", suffix="y")
-    with pytest.raises(BadRequest, match="does not support insert"):
+    with pytest.raises(InputError, match="does not support insert"):
         generate(None, "x", suffix="y", jinja=CHATML_JINJA)
 
 
@@ -377,14 +377,14 @@ def test_render_prompt_takes_a_prompt_input() -> None:
     ],
 )
 def test_bad_input_is_a_clear_bad_request(messages: list[Any], tools: Any, what: str) -> None:
-    with pytest.raises(BadRequest, match=what):
+    with pytest.raises(InputError, match=what):
         chat("{{ range .Messages }}{{ end }}{{ .Tools }}", messages, tools=tools)
 
 
 def test_template_errors_surface_as_bad_requests() -> None:
-    with pytest.raises(BadRequest, match=r"template error: unclosed action at line 1 col 1"):
+    with pytest.raises(InputError, match=r"template error: unclosed action at line 1 col 1"):
         chat("{{ .Messages", [])
-    with pytest.raises(BadRequest, match=r"^chat template error: boom"):
+    with pytest.raises(InputError, match=r"^chat template error: boom"):
         chat(None, [{"role": "user", "content": "q"}], jinja="{{ raise_exception('boom') }}")
 
 
@@ -393,9 +393,9 @@ def test_template_errors_surface_as_bad_requests() -> None:
 
 @pytest.mark.slow
 def test_bos_is_not_doubled_with_the_real_tokenizer() -> None:
+    from devtools import realmodels
     from modelhub.engine.llama import LlamaModel
     from modelhub.gguf.info import read_gguf_info
-    from tests import realmodels
 
     path = realmodels.gemma3_270m()
     info = read_gguf_info(path, with_tokens=True)

@@ -221,7 +221,7 @@ def test_tiny_mtp_loads_with_mtp_and_its_head_predicts_the_target(
     path = write_tiny_mtp(tmp_path / "mtp.gguf", heads=heads)
     code = (
         "import json, sys\n"
-        "from tests.test_synthetic_fixtures import mtp_probe\n"
+        "from tests.test_fixtures_synthetic import mtp_probe\n"
         "print('RESULT ' + json.dumps(mtp_probe(sys.argv[1])))\n"
     )
     proc = subprocess.run(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 from modelhub.templates import compile_chat_template, render_chat_template
 
 CASES = Path(__file__).parent / "template_cases"
@@ -50,7 +50,7 @@ def test_family_templates(doc: dict[str, Any], conversation: str, expected: Any)
         )
 
     if isinstance(expected, dict):
-        with pytest.raises(BadRequest) as info:
+        with pytest.raises(InputError) as info:
             run()
         assert str(info.value).startswith(f"chat template error: {expected['error']}")
     else:
@@ -75,8 +75,8 @@ SMOLLM2_SYSTEM = (
 
 @pytest.mark.slow
 def test_smollm2_template_read_from_its_gguf() -> None:
+    from devtools import realmodels
     from modelhub.gguf.info import read_gguf_info
-    from tests import realmodels
 
     template = read_gguf_info(realmodels.smollm2_q4_1()).chat_template
     assert template is not None
@@ -134,7 +134,7 @@ def test_strftime_now() -> None:
 
 def test_raise_exception_is_a_bad_request_with_the_templates_message() -> None:
     with pytest.raises(
-        BadRequest, match=r"^chat template error: only user turns, please at line 2$"
+        InputError, match=r"^chat template error: only user turns, please at line 2$"
     ):
         render("ok\n{{ raise_exception('only user turns, please') }}")
 
@@ -183,22 +183,22 @@ def test_compiled_templates_are_cached_by_text() -> None:
 
 def test_syntax_error_says_where() -> None:
     with pytest.raises(
-        BadRequest, match=r"^chat template error: .*'end of statement block'.* at line 3$"
+        InputError, match=r"^chat template error: .*'end of statement block'.* at line 3$"
     ):
         render("a\nb\n{% for x in %}{% endfor %}")
     with pytest.raises(
-        BadRequest, match=r"^chat template error: Encountered unknown tag 'foo'.* at line 1$"
+        InputError, match=r"^chat template error: Encountered unknown tag 'foo'.* at line 1$"
     ):
         render("{% foo %}")
 
 
 def test_runtime_errors_are_bad_requests_with_a_line() -> None:
     with pytest.raises(
-        BadRequest, match=r"^chat template error: ZeroDivisionError: division by zero at line 2$"
+        InputError, match=r"^chat template error: ZeroDivisionError: division by zero at line 2$"
     ):
         render("a\n{{ 1 / 0 }}")
     with pytest.raises(
-        BadRequest, match=r"^chat template error: UndefinedError: 'nope' is undefined"
+        InputError, match=r"^chat template error: UndefinedError: 'nope' is undefined"
     ):
         render("{{ nope.attr }}")
 
@@ -230,7 +230,7 @@ def test_sandbox_blocks_internals_and_mutation(template: str) -> None:
     messages = [{"role": "user", "content": "Hi"}]
     try:
         out = render(template + "{{ messages|length }}", messages)
-    except BadRequest as e:
+    except InputError as e:
         assert str(e).startswith("chat template error: blocked by the sandbox: ")
     else:
         assert out == "1"
@@ -239,7 +239,7 @@ def test_sandbox_blocks_internals_and_mutation(template: str) -> None:
 
 def test_sandbox_refuses_to_use_unsafe_attributes() -> None:
     for template in ("{{ messages.__class__.__name__ }}", "{{ cycler.__init__.__globals__ }}"):
-        with pytest.raises(BadRequest, match="blocked by the sandbox: access to attribute '__"):
+        with pytest.raises(InputError, match="blocked by the sandbox: access to attribute '__"):
             render(template)
 
 
@@ -258,7 +258,7 @@ SLOW = [
 @pytest.mark.parametrize("template", SLOW)
 def test_slow_templates_hit_the_time_bound(template: str) -> None:
     start = time.perf_counter()
-    with pytest.raises(BadRequest, match=r"rendering took longer than 0.3 s"):
+    with pytest.raises(InputError, match=r"rendering took longer than 0.3 s"):
         render(template, timeout_s=0.3)
     assert time.perf_counter() - start < 2
 
@@ -308,20 +308,20 @@ HUGE = [
 @pytest.mark.parametrize(("template", "what"), HUGE)
 def test_huge_output_is_refused_before_memory_runs_out(template: str, what: str) -> None:
     start = time.perf_counter()
-    with pytest.raises(BadRequest, match=what):
+    with pytest.raises(InputError, match=what):
         render(template, max_output=1_000_000)
     assert time.perf_counter() - start < 3
 
 
 def test_constant_output_is_not_folded_at_compile_time_outside_the_bounds() -> None:
     start = time.perf_counter()
-    with pytest.raises(BadRequest, match="exceeds the output limit"):
+    with pytest.raises(InputError, match="exceeds the output limit"):
         render("{{ 'b'|center(100000000) }}")
     assert time.perf_counter() - start < 2
 
 
 def test_recursion_is_an_error_not_a_crash() -> None:
-    with pytest.raises(BadRequest, match="recursion too deep"):
+    with pytest.raises(InputError, match="recursion too deep"):
         render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
 
 

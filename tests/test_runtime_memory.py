@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devtools.daemons import Daemon, start_daemon
 from modelhub.config import parse_size
-from modelhub.errors import BadRequest
+from modelhub.errors import InputError
 from modelhub.gguf.info import read_gguf_info
 from modelhub.runtime.memory import estimate
-from tests.conftest import Daemon, start_daemon
 from tests.fixtures.synthetic import write_tiny_llama, write_tiny_mamba, write_tiny_mtp
 
 MIB = 1 << 20
@@ -62,7 +62,7 @@ def test_parse_size() -> None:
     assert parse_size("512MB") == parse_size("512MiB") == parse_size("512m") == 512 * MIB
     assert parse_size("1.5GiB") == 3 * (1 << 29)
     for bad in ("", "lots", "-1G", "5 PB"):
-        with pytest.raises(BadRequest, match="invalid size"):
+        with pytest.raises(InputError, match="invalid size"):
             parse_size(bad)
 
 

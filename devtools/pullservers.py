@@ -9,6 +9,9 @@ Faults (``Fault``) are attached per served path: statuses to answer first, conne
 after N bytes, corrupted bytes, ignored or wrong ranges, slow links, stalls, endless bodies,
 redirects (to other hosts, or to non-HTTP schemes). Every request is logged with its headers
 and the number of body bytes sent, so tests can assert what the client really did.
+
+``serve_handler`` runs any hand-written ``BaseHTTPRequestHandler`` the same way (threaded, on a
+free loopback port, for a ``with`` block), for tests that fake a daemon's few routes.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ import threading
 import time
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from modelhub.store import sha256_file
 
 MEDIA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MEDIA_CONFIG = "application/vnd.docker.container.image.v1+json"
@@ -39,6 +45,7 @@ SEND_CHUNK = 64 << 10
 
 
 def sha256(data: bytes) -> str:
+    """The digest of bytes in memory, ``sha256:<hex>`` (files: ``modelhub.store.sha256_file``)."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
@@ -242,15 +249,40 @@ class _reader:
             self.handle.close()
 
 
-class _Server(ThreadingHTTPServer):
+class _QuietServer(ThreadingHTTPServer):
+    """Threads that die with the test; a client hanging up is not worth a traceback."""
+
     daemon_threads = True
-    owner: LoopbackServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
 
         if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, OSError)):
             super().handle_error(request, client_address)
+
+
+class _Server(_QuietServer):
+    owner: LoopbackServer
+
+
+@contextlib.contextmanager
+def serve_handler(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on a free 127.0.0.1 port in a thread; yields ``"127.0.0.1:<port>"``.
+
+    For a hand-written handler (a few fake daemon routes); the server is shut down and its port
+    closed when the ``with`` block ends, also on an error.
+    """
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 class LoopbackServer:
@@ -344,7 +376,7 @@ class RegistryServer(LoopbackServer):
         self.faults: dict[str, Fault] = {}
 
     def add_blob(self, data: bytes | Path, fault: Fault | None = None) -> str:
-        digest = sha256(data) if isinstance(data, bytes) else _file_digest(data)
+        digest = sha256(data) if isinstance(data, bytes) else sha256_file(data)[0]
         self.blobs[digest] = data
         if fault is not None:
             self.faults[digest] = fault
@@ -443,14 +475,6 @@ def gzip_bomb(size: int = 64 << 20) -> bytes:
     block = b" " * (1 << 20)
     parts = [packer.compress(block) for _ in range(size // len(block))]
     return b"".join([*parts, packer.flush()])
-
-
-def _file_digest(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            hasher.update(block)
-    return "sha256:" + hasher.hexdigest()
 
 
 class HFServer(LoopbackServer):

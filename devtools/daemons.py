@@ -1,0 +1,105 @@
+"""A real ``modelhub serve`` on a free loopback port with a store of its own.
+
+Used by the test fixtures (``tests/conftest.py``) and by ``bench/serving.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    url: str
+    port: int
+    models: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def client(self, **kw: object) -> httpx.Client:
+        kw.setdefault("timeout", 120)
+        return httpx.Client(base_url=self.url, **kw)  # type: ignore[arg-type]
+
+    def cli(
+        self, *args: str, input: str | None = None, cwd: Path | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        """Run our CLI against this daemon, as a user would."""
+        return subprocess.run(
+            [sys.executable, "-m", "modelhub", *args],
+            env=self.env,
+            cwd=cwd,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def daemon_env(models: Path, port: int, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a daemon (and of the CLI run against it).
+
+    It inherits this process's environment without any ``MODELHUB_*`` variable, so that a
+    developer's settings never reach it (session-scoped fixtures start before the per-test
+    environment cleanup in ``tests/conftest.py``), then sets what the daemon needs: its address,
+    its store, no autostart, a config file that does not exist, and ``extra_env``.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELHUB_")}
+    env.update(
+        {
+            "MODELHUB_HOST": f"127.0.0.1:{port}",
+            "MODELHUB_MODELS": str(models),
+            "MODELHUB_NO_AUTOSTART": "1",
+            "MODELHUB_CONFIG": str(models.parent / "no-config.yaml"),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    env.update(extra_env or {})
+    return env
+
+
+def start_daemon(models: Path, log: Path, extra_env: dict[str, str] | None = None) -> Daemon:
+    """Start ``modelhub serve`` (environment: :func:`daemon_env`) and wait until it answers."""
+    port = free_port()
+    env = daemon_env(models, port, extra_env)
+    out = log.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modelhub", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited early:\n{log.read_text(errors='replace')}")
+        try:
+            if httpx.head(url + "/", timeout=1).status_code == 200:
+                return Daemon(url, port, models, env, proc, log)
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"daemon did not answer in 60 s:\n{log.read_text(errors='replace')}")

@@ -1,0 +1,87 @@
+"""The draft of a new model: ``DRAFT ngram``, ``DRAFT mtp``, a draft GGUF file (optionally
+quantized) or a stored model's weights, checked against the target and recorded as a draft
+layer plus the ``draft`` entry of the config blob.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modelhub.errors import DraftError
+from modelhub.gguf.info import GGUFInfo
+from modelhub.gguf.pairing import check_draft_pairing, check_mtp_target
+from modelhub.library.create_layers import LayerBuilder
+from modelhub.library.create_request import CreateRequest
+from modelhub.library.views import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM
+from modelhub.store import MEDIA_DRAFT, Layer
+
+
+def apply_draft(
+    builder: LayerBuilder,
+    req: CreateRequest,
+    layers: list[Layer],
+    config: dict[str, Any],
+    model_layer: Layer,
+    target: GGUFInfo,
+) -> tuple[list[Layer], dict[str, Any]]:
+    """``layers`` and ``config`` with the request's draft in place of any inherited one."""
+    if not req.draft_files and not req.draft:
+        return layers, config  # inherited draft (if any) stays
+    layers = [lay for lay in layers if lay.media_type != MEDIA_DRAFT]
+    config = {k: v for k, v in config.items() if k != "draft"}
+    choice = (req.draft or "").strip()
+    if choice.lower() == DRAFT_NGRAM:
+        config["draft"] = {"kind": DRAFT_NGRAM}
+        return layers, config
+    if choice.lower() == DRAFT_MTP:
+        check_mtp_target(target)
+        config["draft"] = {
+            "kind": DRAFT_MTP,
+            "architecture": target.architecture,
+            "nextn_layers": target.nextn_layers,
+        }
+        return layers, config
+
+    if req.draft_files:
+        ((fname, digest),) = req.draft_files.items()
+        (draft_layer,) = builder.layers_from_files({fname: digest}, MEDIA_DRAFT)
+        if req.draft_quantize:
+            draft_layer = builder.quantize(draft_layer, req.draft_quantize, draft=True)
+    else:
+        draft_layer = _draft_from_model(builder, choice)
+    if draft_layer.digest == model_layer.digest:
+        raise DraftError(
+            "DRAFT is the same file as FROM: a model cannot draft for itself; use a smaller "
+            "model with the same tokenizer, `DRAFT mtp` or `DRAFT ngram`"
+        )
+    draft = builder.views.gguf_info(draft_layer.digest)
+    kind = DRAFT_MTP_DRAFTER if draft.is_mtp_drafter else DRAFT_MODEL
+    report = check_draft_pairing(
+        target,
+        draft,
+        builder.store.blob_path(model_layer.digest),
+        builder.store.blob_path(draft_layer.digest),
+    )
+    for warning in report.warnings:
+        builder.status(f"warning: {warning}")
+    config["draft"] = {
+        "kind": kind,
+        "model_format": "gguf",
+        "architecture": draft.architecture,
+        "parameter_size": draft.parameter_size,
+        "file_type": draft.file_type,
+    }
+    return [*layers, draft_layer], config
+
+
+def _draft_from_model(builder: LayerBuilder, ref: str) -> Layer:
+    view = builder.stored_model(
+        ref,
+        "DRAFT",
+        not_a_name="not mtp, ngram, a file or a model name",
+        missing="pull or create it first",
+    )
+    if view.model_layer is None:
+        raise DraftError(f"DRAFT {ref}: model '{view.name.display}' has no GGUF weights")
+    layer = view.model_layer
+    return Layer(MEDIA_DRAFT, layer.digest, layer.size, from_=view.name.display)

@@ -1,0 +1,34 @@
+"""The test environment: no ``MODELHUB_*`` setting of the developer's reaches a test or a daemon
+(the autouse fixture in conftest.py, and devtools.daemons.daemon_env)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from devtools.daemons import ROOT, daemon_env
+
+
+def test_tests_run_without_modelhub_variables() -> None:
+    # tests/conftest.py removed them for this test; only the model cache's location may stay
+    assert {k for k in os.environ if k.startswith("MODELHUB_")} <= {"MODELHUB_TEST_CACHE"}
+
+
+def test_daemon_env_drops_inherited_settings_and_sets_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODELHUB_KEEP_ALIVE", "-1")  # as a session fixture could still see it
+    monkeypatch.setenv("MODELHUB_TEST_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("UNRELATED", "kept")
+    env = daemon_env(tmp_path / "models", 4321, {"MODELHUB_NUM_THREADS": "2"})
+    assert {k: v for k, v in env.items() if k.startswith("MODELHUB_")} == {
+        "MODELHUB_HOST": "127.0.0.1:4321",
+        "MODELHUB_MODELS": str(tmp_path / "models"),
+        "MODELHUB_NO_AUTOSTART": "1",
+        "MODELHUB_CONFIG": str(tmp_path / "no-config.yaml"),
+        "MODELHUB_NUM_THREADS": "2",
+    }
+    assert env["UNRELATED"] == "kept"
+    assert env["PYTHONPATH"] == str(ROOT)

@@ -1,0 +1,157 @@
+"""Runner lifecycle and bounded work, through a real daemon: every runner is either registered
+(in /api/ps, counted by the planner) or gone, whatever the request did; bad input is refused at
+the door, before any runner starts."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from devtools.daemons import Daemon, start_daemon
+from tests.fixtures.synthetic import write_tiny_llama, write_tiny_llama_without
+
+
+def runner_pids(d: Daemon) -> set[int]:
+    return {
+        p.pid
+        for p in psutil.Process(d.proc.pid).children(recursive=True)
+        if "modelhub.engine.runner" in " ".join(p.cmdline())
+    }
+
+
+def settled_runner_pids(d: Daemon, want: int, timeout: float = 10) -> set[int]:
+    """The runners once their number is ``want`` (or the timeout has passed)."""
+    deadline = time.monotonic() + timeout
+    while (pids := runner_pids(d)) and len(pids) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return runner_pids(d)
+
+
+def create(d: Daemon, tmp_path: Path, name: str, model: Path) -> None:
+    mf = tmp_path / f"{name}.Modelfile"
+    mf.write_text(f"FROM {model}\n")
+    r = d.cli("create", name, "-f", str(mf))
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Daemon:
+    d = start_daemon(tmp_path / "models", tmp_path / "daemon.log", {"MODELHUB_KEEP_ALIVE": "5m"})
+    create(d, tmp_path, "tiny", write_tiny_llama(tmp_path / "tiny.gguf"))
+    yield d
+    d.stop()
+
+
+def hang_up_after(d: Daemon, body: dict[str, object], seconds: float) -> None:
+    """Send a request on a raw socket and close it ``seconds`` later, unanswered."""
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", d.port)) as s:
+        s.sendall(
+            b"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        time.sleep(seconds)
+
+
+def test_a_hang_up_while_loading_leaves_no_runner(served: Daemon) -> None:
+    body = {"model": "tiny", "prompt": "a b", "options": {"num_predict": 4}}
+    for delay in (0.05, 0.3, 0.6):
+        with served.client() as c:  # unloaded before each try, so the hang-up meets a load
+            c.post("/api/generate", json={"model": "tiny", "keep_alive": 0}).raise_for_status()
+        hang_up_after(served, body, delay)
+        time.sleep(1.5)  # whatever the daemon started is loaded or gone by now
+        with served.client() as c:
+            shown = {m["name"] for m in c.get("/api/ps").json()["models"]}
+        assert len(settled_runner_pids(served, len(shown))) == len(shown), (delay, shown)
+
+
+def test_failed_loads_leave_no_runner(served: Daemon, tmp_path: Path) -> None:
+    create(served, tmp_path, "broken", write_tiny_llama_without(tmp_path / "broken.gguf"))
+    with served.client() as c:
+        for _ in range(5):
+            r = c.post("/api/generate", json={"model": "broken", "prompt": "a", "stream": False})
+            assert r.status_code in (400, 500), r.text
+            assert "loading broken:latest failed" in r.json()["error"]
+        assert c.get("/api/ps").json()["models"] == []
+    assert settled_runner_pids(served, 0) == set()
+
+
+def test_bad_options_are_refused_before_any_runner_starts(served: Daemon) -> None:
+    with served.client() as c:
+        r = c.post("/api/generate", json={"model": "tiny", "prompt": "a", "stream": False})
+        assert r.status_code == 200
+        (before,) = runner_pids(served)
+        cases = {
+            "draft_p_min": (5, "option draft_p_min must be between 0 and 1"),
+            "num_thread": (1_000_000, "option num_thread must be at most"),
+            "num_ctx": (-3, "option num_ctx must be"),
+        }
+        for option, (value, message) in cases.items():
+            body = {"model": "tiny", "prompt": "a", "options": {option: value}}
+            r = c.post("/api/generate", json=body)
+            assert r.status_code == 400 and r.json()["error"].startswith(message), r.text
+        bogus = {"model": "tiny", "prompt": "a", "format": {"type": "nonsense"}}
+        r = c.post("/api/generate", json=bogus)
+        assert r.status_code == 400
+        assert r.json()["error"].startswith("format: the JSON schema cannot be turned into")
+        # The healthy runner was neither unloaded nor replaced by any of these.
+        assert runner_pids(served) == {before}
+
+
+def test_deep_and_huge_bodies_are_400s(served: Daemon) -> None:
+    deep = b'{"model": "tiny", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    daemon_mem = psutil.Process(served.proc.pid).memory_info().rss
+    with served.client() as c:
+        r = c.post("/api/generate", content=deep, headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert r.json()["error"] == "invalid JSON in request body: nested too deeply"
+
+        def chunks():  # 300 MB, never declared up front
+            block = b" " * (1 << 20)
+            for _ in range(300):
+                yield block
+
+        try:
+            r = c.post("/api/generate", content=chunks())
+            assert r.status_code == 400, r.text
+            assert r.json()["error"].startswith("request body too large")
+        except httpx.HTTPError:
+            pass  # the daemon may answer and close before the upload ends
+    grown = psutil.Process(served.proc.pid).memory_info().rss - daemon_mem
+    assert grown < 100 << 20, f"the daemon grew by {grown >> 20} MB reading a refused body"
+
+
+def test_a_refused_reload_leaves_the_healthy_runner_alone(tmp_path: Path) -> None:
+    from modelhub.gguf.info import read_gguf_info
+    from modelhub.runtime.memory import estimate
+
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    info = read_gguf_info(model)
+    fits = estimate(info, 256, 512).total
+    too_big = estimate(info, 256, 8192).total
+    assert too_big > 2 * fits
+    limit = (fits + too_big) // 2  # the default load fits, one with num_batch 8192 does not
+    d = start_daemon(
+        tmp_path / "models", tmp_path / "daemon.log", {"MODELHUB_MEMORY_LIMIT": str(limit)}
+    )
+    try:
+        create(d, tmp_path, "tiny", model)
+        with d.client() as c:
+            ok = c.post("/api/generate", json={"model": "tiny", "prompt": "a", "stream": False})
+            assert ok.status_code == 200, ok.text
+            (healthy,) = runner_pids(d)
+            body = {"model": "tiny", "prompt": "a", "stream": False, "options": {"num_batch": 8192}}
+            refused = c.post("/api/generate", json=body)
+            assert refused.status_code == 500
+            assert refused.json()["error"].startswith("model requires more system memory")
+            assert runner_pids(d) == {healthy}
+            assert len(c.get("/api/ps").json()["models"]) == 1
+    finally:
+        d.stop()
