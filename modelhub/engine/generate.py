@@ -140,9 +140,16 @@ class Engine:
 
     # ---- text --------------------------------------------------------------------------------
     def tokenize(
-        self, text: str, *, add_special: bool = True, parse_special: bool = True
+        self,
+        text: str,
+        *,
+        add_special: bool = True,
+        parse_special: bool = True,
+        cancel: threading.Event | None = None,
     ) -> list[int]:
-        return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+        return self.model.tokenize(
+            text, add_special=add_special, parse_special=parse_special, cancel=cancel
+        )
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.model.detokenize(tokens)
@@ -295,6 +302,16 @@ class Engine:
             self._controllers[kind] = ctl
         ctl.max_k = k_max
         return ctl
+
+    def check_prompt_size(self, text: str, already: int = 0) -> None:
+        """Refuse, before tokenizing, a prompt that cannot fit whatever its tokens are: one
+        token covers at most ``max_piece_bytes`` bytes, so ``text`` has at least this many."""
+        at_least = -(-len(text.encode("utf-8")) // self.model.max_piece_bytes()) + already
+        if at_least >= self.n_ctx:
+            raise InputError(
+                f"the prompt has at least {at_least} tokens but the context holds {self.n_ctx}: "
+                "shorten the prompt or load the model with a larger num_ctx"
+            )
 
     def _check_prompt(self, prompt: Sequence[int]) -> None:
         if not prompt:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import itertools
 import logging
 import os
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.errors import GGUFError, ModelhubError
+from modelhub.errors import GGUFError, ModelhubError, RequestCancelledError
 
 log = logging.getLogger("modelhub.llama")
 
@@ -31,6 +33,8 @@ LogitsMode = Literal["none", "last", "all"]
 _backend_lock = threading.Lock()
 _backend_ready = False
 _recent_messages: collections.deque[str] = collections.deque(maxlen=12)
+# About how long the pieces of a long text are tokenized one by one (see LlamaModel.tokenize).
+_PIECE_CHARS = 8192
 # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
 _LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 
@@ -111,8 +115,11 @@ class LlamaModel:
         self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(handle))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(handle))
+        self.add_eos = bool(llama_cpp.llama_vocab_get_add_eos(self.vocab))
         self.architecture = self.meta("general.architecture") or "unknown"
         self._pieces: dict[int, bytes] = {}
+        self._specials: tuple[frozenset[str], list[int], re.Pattern[str]] | None = None
+        self._max_piece = 0
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(512)
@@ -125,8 +132,92 @@ class LlamaModel:
         return buf.value.decode("utf-8", errors="replace")
 
     def tokenize(
-        self, text: str, *, add_special: bool = True, parse_special: bool = True
+        self,
+        text: str,
+        *,
+        add_special: bool = True,
+        parse_special: bool = True,
+        cancel: threading.Event | None = None,
     ) -> list[int]:
+        """llama.cpp's tokenization of ``text``. llama.cpp splits text at special tokens in
+        time quadratic in their number, so a long text is cut just before special tokens into
+        pieces tokenized one by one: the same tokens, in linear time, with ``cancel`` checked
+        between pieces."""
+        pieces = self._pieces_at_specials(text) if parse_special else [text]
+        if len(pieces) == 1:
+            return self._tokenize(text, add_special, parse_special)
+        out: list[int] = []
+        for piece in pieces:
+            if cancel is not None and cancel.is_set():
+                raise RequestCancelledError("request canceled")
+            out.extend(self._tokenize(piece, False, True))
+        if add_special and self.add_bos and self.bos >= 0:
+            out.insert(0, self.bos)
+        if add_special and self.add_eos and self.eos >= 0:
+            out.append(self.eos)
+        return out
+
+    def _pieces_at_specials(self, text: str) -> list[str]:
+        """``text`` cut into pieces of about ``_PIECE_CHARS`` characters, each cut just before a
+        special token, where that is exactly equivalent: llama.cpp splits there too (BPE and
+        SPM vocabularies; never before a token that strips the whitespace on its left, inside a
+        longer special token, or where a vocabulary adds separators)."""
+        if len(text) <= _PIECE_CHARS or not self._special_texts()[0]:
+            return [text]
+        cuts, pos = [], _PIECE_CHARS
+        while pos < len(text) and (cut := self._next_special(text, pos)) is not None:
+            cuts.append(cut)
+            pos = cut + _PIECE_CHARS
+        bounds = [0, *cuts, len(text)]
+        return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def _next_special(self, text: str, pos: int) -> int | None:
+        """The first place at or after ``pos`` where a special token starts on its own."""
+        specials, lengths, first = self._special_texts()
+        while (m := first.search(text, pos)) is not None:
+            at = m.start()
+            starts = any(text[at : at + n] in specials for n in lengths)
+            inside = any(
+                text[b : b + n] in specials
+                for n in lengths
+                for b in range(max(0, at - n + 1), at)
+                if b + n > at
+            )
+            if starts and not inside:
+                return at
+            pos = at + 1
+        return None
+
+    def _special_texts(self) -> tuple[frozenset[str], list[int], re.Pattern[str]]:
+        """Special tokens that may start a piece, their lengths, and their first characters."""
+        if self._specials is None:
+            chunkable = llama_cpp.llama_vocab_type(self.vocab) in (
+                llama_cpp.LLAMA_VOCAB_TYPE_BPE,
+                llama_cpp.LLAMA_VOCAB_TYPE_SPM,
+            ) and not llama_cpp.llama_vocab_get_add_sep(self.vocab)
+            special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+            texts = set()
+            for token in range(self.n_vocab) if chunkable else ():
+                attr = int(llama_cpp.llama_vocab_get_attr(self.vocab, token))
+                text = self.token_text(token)
+                if attr & special and not attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP and text:
+                    texts.add(text)
+            firsts = "".join(sorted({t[0] for t in texts}))
+            pattern = re.compile(f"[{re.escape(firsts)}]" if firsts else "(?!)")
+            self._specials = (frozenset(texts), sorted({len(t) for t in texts}), pattern)
+        return self._specials
+
+    def max_piece_bytes(self) -> int:
+        """The most bytes one token stands for: a text of n bytes has at least n / this
+        many tokens (a bound checked before tokenizing a prompt that may be huge)."""
+        if self._max_piece == 0:
+            longest = max(
+                (len(self.token_text(t).encode()) for t in range(self.n_vocab)), default=1
+            )
+            self._max_piece = max(1, longest)
+        return self._max_piece
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 8
         tokens = (llama_cpp.llama_token * capacity)()

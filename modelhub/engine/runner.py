@@ -190,7 +190,8 @@ class Runner:
         engine = self.engine
         context = [int(t) for t in msg.get("context") or []]
         prompt = str(msg.get("prompt") or "")
-        tokens = context + engine.tokenize(prompt, add_special=not context)
+        engine.check_prompt_size(prompt, len(context))
+        tokens = context + engine.tokenize(prompt, add_special=not context, cancel=cancel)
         known = {f.name for f in fields(GenerateOptions)} - {"acceptance_rule"}
         given = {k: v for k, v in (msg.get("options") or {}).items() if k in known}
         if msg.get("grammar"):  # GBNF, converted from ``format`` by the daemon at the door
