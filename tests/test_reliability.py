@@ -155,3 +155,135 @@ def test_a_refused_reload_leaves_the_healthy_runner_alone(tmp_path: Path) -> Non
             assert len(c.get("/api/ps").json()["models"]) == 1
     finally:
         d.stop()
+
+
+def test_stored_texts_over_the_show_limit_are_refused_at_create(served: Daemon) -> None:
+    from modelhub.library.views import MAX_TEXT_LAYER
+
+    big = "x" * (MAX_TEXT_LAYER + 1)
+    with served.client() as c:
+        for field, value in (("license", big), ("system", big), ("template", big)):
+            r = c.post("/api/create", json={"model": "huge", "from": "tiny", field: value})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"] == (
+                f"{field if field != 'license' else 'license[0]'} is {MAX_TEXT_LAYER + 1} bytes; "
+                f"the limit for a stored text is {MAX_TEXT_LAYER} bytes"
+            )
+        fits = c.post("/api/create", json={"model": "fits", "from": "tiny", "license": "MIT"})
+        assert fits.status_code == 200
+        names = [m["name"] for m in c.get("/api/tags").json()["models"]]
+        assert "fits:latest" in names and "huge:latest" not in names
+        assert c.post("/api/show", json={"model": "fits"}).json()["license"] == "MIT"
+
+
+def test_blobs_and_folders_are_private_and_counted_once(served: Daemon, tmp_path: Path) -> None:
+    source = write_tiny_llama(tmp_path / "public.gguf", seed=5)
+    source.chmod(0o644)
+    digest = "sha256:" + __import__("hashlib").sha256(source.read_bytes()).hexdigest()
+    with served.client() as c:
+        assert c.post(f"/api/blobs/{digest}", content=source.read_bytes()).status_code == 201
+        files = {"a.gguf": digest, "b.gguf": digest}  # the same file listed twice
+        r = c.post("/api/create", json={"model": "twice", "files": files, "stream": False})
+        assert r.status_code == 200, r.text
+        size = next(
+            m["size"] for m in c.get("/api/tags").json()["models"] if m["name"] == "twice:latest"
+        )
+    blob = served.models / "blobs" / digest.replace(":", "-")
+    assert oct(blob.stat().st_mode & 0o777) == oct(0o600)
+    for folder in (served.models, served.models / "blobs", served.models / "manifests"):
+        assert oct(folder.stat().st_mode & 0o777) == oct(0o700), folder
+    assert source.stat().st_size < size < 2 * source.stat().st_size
+
+
+def test_from_a_fifo_is_refused_without_reading_it(served: Daemon, tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {fifo}\n")
+    r = served.cli("create", "fifo", "-f", str(mf), timeout=30)
+    assert r.returncode == 1
+    assert r.stderr == f"Error: {mf} (line 1): FROM {fifo}: {fifo} is not a regular file\n"
+
+
+def test_junk_images_and_think_are_400s(served: Daemon) -> None:
+    cases = [
+        ({"images": "abc"}, 'field "images" must be an array of base64 strings'),
+        ({"images": ["@@@"]}, "images[0]: invalid base64 data"),
+        ({"images": ["aGk="]}, "images: this model cannot read images (modelhub serves text)"),
+        ({"think": "maybe"}, "invalid think value 'maybe': use true, false,"),
+        ({"think": 3}, "invalid think value 3"),
+    ]
+    with served.client() as c:
+        for extra, message in cases:
+            for path, body in (
+                ("/api/generate", {"model": "tiny", "prompt": "a", **extra}),
+                (
+                    "/api/chat",
+                    {"model": "tiny", "messages": [{"role": "user", "content": "a"}], **extra},
+                ),
+            ):
+                r = c.post(path, json=body)
+                assert r.status_code == 400 and r.json()["error"].startswith(message), (
+                    path,
+                    r.text,
+                )
+        in_message = {"role": "user", "content": "a", "images": [1]}
+        r = c.post("/api/chat", json={"model": "tiny", "messages": [in_message]})
+        assert r.json()["error"] == 'field "messages[0].images" must be an array of base64 strings'
+        ok = c.post(
+            "/api/generate",
+            json={"model": "tiny", "prompt": "a", "think": False, "images": [], "stream": False},
+        )
+        assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.slow
+def test_a_daemon_killed_mid_quantize_leaves_no_quantizer_and_no_debris(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from devtools.realmodels import smollm2_q4_1
+
+    models = tmp_path / "models"
+    d = start_daemon(models, tmp_path / "daemon.log")
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {smollm2_q4_1()}\n")
+    create = subprocess.Popen(
+        [sys.executable, "-m", "modelhub", "create", "q", "-f", str(mf), "--quantize", "f16"],
+        env=d.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        quantizers: list[psutil.Process] = []
+        while time.monotonic() < deadline and not quantizers:
+            quantizers = [
+                p
+                for p in psutil.Process(d.proc.pid).children(recursive=True)
+                if "modelhub.gguf.quantize" in " ".join(p.cmdline())
+            ]
+            time.sleep(0.05)
+        assert quantizers, "the quantizer never started"
+        time.sleep(0.5)  # it is writing its output now
+        work = list((models / "tmp").iterdir())
+        assert len(work) == 1 and work[0].name.startswith(f"quantize-{d.proc.pid}-")
+        os.kill(d.proc.pid, signal.SIGKILL)
+        d.proc.wait(10)
+        _, alive = psutil.wait_procs(quantizers, timeout=10)
+        assert alive == [], "the quantizer outlived the daemon"
+    finally:
+        create.kill()
+        create.wait(10)
+        d.stop()
+    assert list((models / "tmp").iterdir()) == work  # the debris is still there...
+    restarted = start_daemon(models, tmp_path / "daemon2.log")
+    try:
+        assert list((models / "tmp").iterdir()) == []  # ...until the next daemon starts
+        assert "removed 1 leftover work folder(s)" in restarted.log.read_text()
+    finally:
+        restarted.stop()

@@ -96,7 +96,11 @@ def test_manifest_json_is_ollamas_shape() -> None:
     assert manifest.digests() == {digest}
     assert manifest.layers_of(MEDIA_PARAMS) == [manifest.layers[1]]
     assert manifest.layers_of(MEDIA_DRAFT) == []
-    assert manifest.total_size == 485 + 10 + 59
+    # Sizes count each blob once: here every layer names the same blob.
+    assert manifest.total_size == 485
+    other = "sha256:" + "b" * 64
+    distinct = Manifest(Layer(MEDIA_CONFIG, digest, 485), [Layer(MEDIA_MODEL, other, 10)] * 2)
+    assert distinct.total_size == 485 + 10
 
 
 def test_manifest_reads_registry_form() -> None:

@@ -156,7 +156,7 @@ def test_commit_publishes_verified_blob(tmp_path: Path) -> None:
     assert (digest, size) == (sha(data), len(data))
     assert store.blob_path(digest).read_bytes() == data
     assert blob_files(store) == [blob_filename(digest)]
-    assert store.blob_path(digest).stat().st_mode & 0o777 == 0o644 & ~_umask()
+    assert store.blob_path(digest).stat().st_mode & 0o777 == 0o600 & ~_umask()  # private
 
 
 def _umask() -> int:

@@ -140,6 +140,11 @@ def files_of(ref: LocalRef, exclude: set[Path], keyword: str) -> list[Path]:
     """The files a reference stands for; a directory scan skips files that another
     instruction names on its own (``FROM .`` next to ``DRAFT ./draft.gguf``)."""
     if not ref.path.is_dir():
+        if not ref.path.is_file():  # a FIFO or a device (/dev/zero) would be read forever
+            raise ModelfileError(
+                f"{keyword} {ref.command.args}: {ref.path} is not a regular file",
+                ref.command.line,
+            )
         return [ref.path]
     found = [p for p in scan_gguf_directory(ref.path) if Path(os.path.realpath(p)) not in exclude]
     if found:

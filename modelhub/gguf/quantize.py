@@ -87,6 +87,16 @@ def check_request(src: Path, dst: Path, qtype: str, allow_requantize: bool) -> i
     return ftype
 
 
+def _die_with_parent() -> None:
+    """In the quantize child (Linux): the kernel kills it when the thread that started it, and
+    so the daemon, dies; a killed daemon leaves no quantizer running."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def quantize_gguf(
     src: Path, dst: Path, qtype: str, *, allow_requantize: bool = False, threads: int = 0
 ) -> None:
@@ -106,7 +116,9 @@ def quantize_gguf(
     package_root = str(Path(__file__).resolve().parents[2])  # the directory holding modelhub/
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        result = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, check=False, preexec_fn=_die_with_parent
+        )
         if result.returncode != 0:
             raise _child_failure(src, qtype, result)
         os.replace(tmp, dst)

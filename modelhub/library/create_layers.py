@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from modelhub.errors import GGUFError, InputError, ModelhubError, NotFoundError
@@ -114,8 +112,8 @@ class LayerBuilder:
             total=layer.size,
             completed=0,
         )
-        with tempfile.TemporaryDirectory(dir=self.store.root, prefix=".quantize-") as tmp:
-            out = Path(tmp) / "out.gguf"
+        with self.store.work_dir("quantize") as tmp:
+            out = tmp / "out.gguf"
             quantize_gguf(self.store.blob_path(layer.digest), out, key, allow_requantize=requantize)
             self.status("verifying conversion")
             digest, size = self.store.import_file(out)

@@ -5,11 +5,13 @@ a template that parses, well-formed messages).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from modelhub.errors import InputError
+from modelhub.library.views import MAX_TEXT_LAYER
 from modelhub.modelfile import coerce_option
 from modelhub.store import ModelName, parse_digest
 from modelhub.templates.gotemplate import parse_template
@@ -65,12 +67,28 @@ def check_request(req: CreateRequest) -> None:
         raise InputError("only one adapter is currently supported")
     for key, value in req.parameters.items():
         req.parameters[key] = coerce_option(key, value)
+    check_stored_sizes(req)
     if req.template:
         parse_template(req.template)  # 400 "template error: ... at line L col C"
     if req.quantize:
         quant_type(req.quantize)
     if req.draft_quantize:
         quant_type(req.draft_quantize)
+
+
+def check_stored_sizes(req: CreateRequest) -> None:
+    """Every text the model will store fits in what ``show`` and ``list`` read back
+    (``MAX_TEXT_LAYER`` per layer): refused here rather than stored and then unreadable."""
+    texts = {"template": req.template, "system": req.system}
+    texts.update({f"license[{i}]": text for i, text in enumerate(req.license)})
+    texts["messages"] = json.dumps(req.messages) if req.messages else None
+    texts["parameters"] = json.dumps(req.parameters) if req.parameters else None
+    for what, text in texts.items():
+        size = len(text.encode("utf-8")) if text else 0
+        if size > MAX_TEXT_LAYER:
+            raise InputError(
+                f"{what} is {size} bytes; the limit for a stored text is {MAX_TEXT_LAYER} bytes"
+            )
 
 
 def quant_type(name: str) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelhub.store import Store
-from modelhub.store.blobs import PARTIAL_SUFFIX, fsync_dir, temp_name
+from modelhub.store.blobs import FILE_MODE, PARTIAL_SUFFIX, fsync_dir, temp_name
 
 STATE_LIMIT = 4096  # a part's state is ~60 bytes; anything larger is not ours
 TEMP_DIR_PREFIX = ".pull-"  # per-pull scratch directories in the store root (pypi wheels)
@@ -155,7 +155,7 @@ def try_lock(path: Path, *, create: bool = True) -> int | None:
     flags = os.O_RDWR | (os.O_CREAT if create else 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(5):
         try:
-            fd = os.open(path, flags, 0o644)
+            fd = os.open(path, flags, FILE_MODE)
         except FileNotFoundError:
             if create:
                 raise

@@ -102,6 +102,9 @@ def serve(settings: Settings) -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     state = ServerState.from_settings(settings)
+    debris = state.store.clean_work_area()  # what a daemon killed mid-quantize left
+    if debris:
+        log.info("removed %d leftover work folder(s): %s", len(debris), ", ".join(debris))
     removed = state.store.prune() if not settings.noprune else []
     if removed:
         log.info("pruned %d unreferenced blob(s)", len(removed))

@@ -8,6 +8,8 @@ everywhere, a name with spaces around it is refused (never trimmed into another 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -107,6 +109,30 @@ async def read_model_request(
         keep_alive=keep_alive_seconds(data.get("keep_alive")),
         stream=field(data, "stream", bool, stream_default),
     )
+
+
+def check_media(data: dict[str, Any], where: str = "") -> None:
+    """``images`` and ``think`` as Ollama accepts them, refused (never ignored) otherwise:
+    images must be base64 strings, and no model served here can see them yet; ``think`` is a
+    boolean or an effort (``"low"``, ``"medium"``, ``"high"``)."""
+    images = data.get("images")
+    if images not in (None, []):
+        if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+            raise InputError(f'field "{where}images" must be an array of base64 strings')
+        for index, image in enumerate(images):
+            try:
+                base64.b64decode(image, validate=True)
+            except (binascii.Error, ValueError):
+                raise InputError(f"{where}images[{index}]: invalid base64 data") from None
+        raise InputError(f"{where}images: this model cannot read images (modelhub serves text)")
+    think = data.get("think")
+    if think is not None and not isinstance(think, bool) and think not in _EFFORTS:
+        raise InputError(
+            f'invalid think value {think!r}: use true, false, "low", "medium" or "high"'
+        )
+
+
+_EFFORTS = ("low", "medium", "high")
 
 
 def _type_name(kind: type) -> str:

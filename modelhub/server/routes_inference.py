@@ -24,7 +24,7 @@ from modelhub.server.generation import (
 )
 from modelhub.server.lookup import find_model
 from modelhub.server.prompts import chat_prompt, generate_prompt
-from modelhub.server.requests import ModelRequest, field, read_model_request
+from modelhub.server.requests import ModelRequest, check_media, field, read_model_request
 from modelhub.server.state import ServerState, get_state
 
 router = APIRouter()
@@ -50,6 +50,7 @@ def _messages(data: dict[str, Any]) -> list[dict[str, Any]]:
         role = str(m.get("role", "")).lower()
         if role not in ("system", "user", "assistant", "tool"):
             raise InputError(f"messages[{i}]: role must be system, user, assistant or tool")
+        check_media({"images": m.get("images")}, f"messages[{i}].")
         out.append({**m, "role": role, "content": m.get("content") or ""})
     return out
 
@@ -125,6 +126,7 @@ async def generate(request: Request) -> Response:
     state = get_state(request)
     req = await read_model_request(request)
     data = req.data
+    check_media(data)
     prompt = field(data, "prompt", str, "")
     raw_mode = field(data, "raw", bool, False)
     system = field(data, "system", str, "")
@@ -182,6 +184,7 @@ async def chat(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
     req = await read_model_request(request)
+    check_media(req.data)
     messages = _messages(req.data)
     tools = field(req.data, "tools", list, [])
     fmt = _format(req.data)

@@ -18,6 +18,11 @@ from types import TracebackType
 from modelhub.errors import DigestMismatchError, InputError, StoreError
 from modelhub.store.digests import blob_path_in, parse_digest
 
+# What the store creates is its owner's alone: models may be private, and a blob copied from a
+# readable system file must not become readable by everyone.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
 TEMP_PREFIX = ".tmp-"
 # Names that pull code may use for resumable downloads; prune treats them as debris.
 PARTIAL_SUFFIX = "-partial"
@@ -53,7 +58,7 @@ class BlobWriter:
         self.temp_path = blobs_dir / temp_name()
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
         try:
-            fd = os.open(self.temp_path, flags, 0o644)
+            fd = os.open(self.temp_path, flags, FILE_MODE)
         except OSError as exc:
             raise StoreError(f"cannot create a temp file in {blobs_dir}: {exc.strerror}") from exc
         self._file = os.fdopen(fd, "wb")

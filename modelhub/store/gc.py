@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -111,3 +112,45 @@ def is_old_regular_file(path: Path, cutoff: float) -> bool:
     except FileNotFoundError:
         return False
     return stat.S_ISREG(info.st_mode) and info.st_mtime < cutoff
+
+
+WORK_DIR = "tmp"  # the store's work area: <root>/tmp/<what>-<pid>-<random>
+_WORK_ENTRY = re.compile(r"^[a-z]+-(?P<pid>[0-9]+)-[0-9a-f]+$")
+
+
+def clean_work_area(root: Path, cutoff: float) -> list[str]:
+    """Remove what long writes (quantizing, ...) left in the work area when their process died:
+    an entry whose process is gone, one not named by ``work_dir``, or one of the hidden
+    ``.quantize-*`` folders older versions left at the root, older than ``cutoff``."""
+    removed = []
+    work = [Path(e.path) for e in entries(root / WORK_DIR)]
+    legacy = [Path(e.path) for e in entries(root) if e.name.startswith(".quantize-")]
+    for path in work + legacy:
+        named = _WORK_ENTRY.match(path.name) if path.parent.name == WORK_DIR else None
+        if named is not None and _alive(int(named.group("pid"))):
+            continue
+        if named is None and not _older(path, cutoff):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _older(path: Path, cutoff: float) -> bool:
+    try:
+        return path.lstat().st_mtime < cutoff
+    except FileNotFoundError:
+        return False

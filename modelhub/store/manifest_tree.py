@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelhub.errors import ModelhubError, StoreError
-from modelhub.store.blobs import fsync_dir, temp_name
+from modelhub.store.blobs import DIR_MODE, FILE_MODE, fsync_dir, temp_name
 from modelhub.store.manifests import MAX_MANIFEST_BYTES, Manifest
 from modelhub.store.names import ModelName
 
@@ -88,9 +88,9 @@ class ManifestTree:
     def write_atomic(self, path: Path, data: bytes) -> None:
         """temp file in the same directory -> fsync -> rename -> fsync the directory (STO-08)."""
         try:
-            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             temp = path.parent / temp_name()
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             try:
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)

@@ -122,5 +122,8 @@ class Manifest:
 
     @property
     def total_size(self) -> int:
-        """Model size as Ollama reports it: all layers plus the config."""
-        return self.config.size + sum(layer.size for layer in self.layers)
+        """Model size: every blob it needs (layers and config), each counted once, so a file
+        listed twice is not counted twice (it is stored once)."""
+        sizes = {layer.digest: layer.size for layer in self.layers}
+        sizes[self.config.digest] = self.config.size
+        return sum(sizes.values())

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -23,10 +25,12 @@ from pathlib import Path
 import filelock
 
 from modelhub.errors import InputError, ModelhubError, NotFoundError, StoreError
-from modelhub.store.blobs import BlobWriter, fsync_dir
+from modelhub.store.blobs import DIR_MODE, BlobWriter, fsync_dir
 from modelhub.store.digests import CHUNK_SIZE, blob_path_in
 from modelhub.store.gc import (
+    WORK_DIR,
     clean_manifest_tree,
+    clean_work_area,
     migrate_legacy_names,
     references,
     remove_stale_blobs,
@@ -64,7 +68,7 @@ class Store:
         self.noprune = noprune
         try:
             for directory in (self.root, self.blobs_dir, self.manifests_dir):
-                directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+                directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the model store at {self.root}: {exc}") from exc
         self._tree = ManifestTree(self.manifests_dir)
@@ -230,7 +234,23 @@ class Store:
             cutoff = time.time() - grace_seconds
             removed = remove_stale_blobs(self.blobs_dir, referenced, cutoff)
             clean_manifest_tree(self._tree, cutoff)
+            clean_work_area(self.root, cutoff)
             return removed
+
+    @contextlib.contextmanager
+    def work_dir(self, what: str) -> Iterator[Path]:
+        """A private folder for a long write (``what``: lower-case letters), removed when done;
+        if the process dies meanwhile, ``clean_work_area`` (prune, daemon start) removes it."""
+        folder = self.root / WORK_DIR / f"{what}-{os.getpid()}-{secrets.token_hex(4)}"
+        folder.mkdir(mode=DIR_MODE, parents=True)
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def clean_work_area(self) -> list[str]:
+        """What dead processes left in the work area (a killed quantize's partial output)."""
+        return clean_work_area(self.root, time.time() - 3600)
 
     def verify(self, *, rehash: bool = False) -> list[str]:
         """Check the store invariant; returns a description of every problem found.
