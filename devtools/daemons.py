@@ -5,6 +5,7 @@ Used by the test fixtures (``tests/conftest.py``) and by ``bench/serving.py``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -14,8 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Daemons started and not yet stopped (the test suite checks them for leaked runners).
+LIVE: set[Daemon] = set()
 
 
 def free_port() -> int:
@@ -24,7 +29,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass
+@dataclass(eq=False)
 class Daemon:
     url: str
     port: int
@@ -51,7 +56,39 @@ class Daemon:
             timeout=timeout,
         )
 
+    def runner_pids(self) -> set[int]:
+        """The model runner processes this daemon has now."""
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return set()
+        found = set()
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                if "modelhub.engine.runner" in " ".join(child.cmdline()):
+                    found.add(child.pid)
+        return found
+
+    def unlisted_runners(self, settle: float = 10.0) -> str | None:
+        """None when every runner is one ``/api/ps`` lists; else what is wrong. Runners that
+        are being unloaded get ``settle`` seconds to exit."""
+        deadline = time.monotonic() + settle
+        while True:
+            if self.proc.poll() is not None:
+                return None
+            try:
+                listed = len(httpx.get(self.url + "/api/ps", timeout=10).json()["models"])
+            except (httpx.HTTPError, ValueError, KeyError):
+                return None  # not answering: nothing to compare with
+            pids = self.runner_pids()
+            if len(pids) <= listed:
+                return None
+            if time.monotonic() > deadline:
+                return f"{len(pids)} runner processes, /api/ps lists {listed}: leaked runners"
+            time.sleep(0.2)
+
     def stop(self) -> None:
+        LIVE.discard(self)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -98,7 +135,9 @@ def start_daemon(models: Path, log: Path, extra_env: dict[str, str] | None = Non
             raise RuntimeError(f"daemon exited early:\n{log.read_text(errors='replace')}")
         try:
             if httpx.head(url + "/", timeout=1).status_code == 200:
-                return Daemon(url, port, models, env, proc, log)
+                daemon = Daemon(url, port, models, env, proc, log)
+                LIVE.add(daemon)
+                return daemon
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.kill()

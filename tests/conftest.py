@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.daemons import Daemon, start_daemon
+from devtools.daemons import LIVE, Daemon, start_daemon
 
 __all__ = ["Daemon", "start_daemon"]  # still imported from here by some test files
 
@@ -31,6 +31,15 @@ def _no_modelhub_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("MODELHUB_") and name not in KEPT_ENV:
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_runners() -> Iterator[None]:
+    """After every test: each live daemon's runner processes are all listed by /api/ps
+    (a runner is registered or gone, never a hidden child eating memory)."""
+    yield
+    problems = [f"{d.url}: {p}" for d in list(LIVE) if (p := d.unlisted_runners()) is not None]
+    assert not problems, "; ".join(problems)
 
 
 @pytest.fixture(scope="session")

@@ -287,3 +287,23 @@ def test_a_daemon_killed_mid_quantize_leaves_no_quantizer_and_no_debris(tmp_path
         assert "removed 1 leftover work folder(s)" in restarted.log.read_text()
     finally:
         restarted.stop()
+
+
+def test_runners_die_with_a_killed_daemon(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    d = start_daemon(tmp_path / "models", tmp_path / "daemon.log")
+    try:
+        create(d, tmp_path, "tiny", write_tiny_llama(tmp_path / "tiny.gguf"))
+        with d.client() as c:
+            r = c.post("/api/generate", json={"model": "tiny", "prompt": "a", "stream": False})
+            assert r.status_code == 200
+        runners = [psutil.Process(pid) for pid in runner_pids(d)]
+        assert len(runners) == 1
+        os.kill(d.proc.pid, signal.SIGKILL)
+        d.proc.wait(10)
+        _, alive = psutil.wait_procs(runners, timeout=10)
+        assert alive == [], "a runner outlived its daemon"
+    finally:
+        d.stop()

@@ -15,6 +15,7 @@ from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.runtime.planning import plan
+from modelhub.server import schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.generation import (
     final_stats,
@@ -120,7 +121,7 @@ async def _load_only(
     return JSONResponse({**body, "done": True, "done_reason": reason})
 
 
-@router.post("/api/generate")
+@router.post("/api/generate", openapi_extra=schemas.GENERATE)
 async def generate(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
@@ -179,7 +180,7 @@ def _done_reason(result: dict[str, Any]) -> str:
     return "stop" if reason == "cancel" else reason
 
 
-@router.post("/api/chat")
+@router.post("/api/chat", openapi_extra=schemas.CHAT)
 async def chat(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
@@ -205,7 +206,7 @@ async def chat(request: Request) -> Response:
     return await respond(events, request, stream=req.stream, chunk=shaper.chunk, final=shaper.final)
 
 
-@router.post("/api/embed")
+@router.post("/api/embed", openapi_extra=schemas.EMBED)
 async def embed(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
@@ -230,7 +231,7 @@ async def embed(request: Request) -> Response:
     )
 
 
-@router.post("/api/embeddings")
+@router.post("/api/embeddings", openapi_extra=schemas.EMBEDDINGS)
 async def embeddings_legacy(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)

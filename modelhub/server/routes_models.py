@@ -22,6 +22,7 @@ from modelhub.gguf.info import capabilities, model_info_for_show
 from modelhub.library.create import CreateRequest, Creator
 from modelhub.library.views import ModelView
 from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
+from modelhub.server import schemas
 from modelhub.server.lookup import find_model
 from modelhub.server.requests import field, model_field, read_json, str_map
 from modelhub.server.state import ServerState, get_state
@@ -128,7 +129,7 @@ def _draft_summary(view: ModelView, params: dict[str, Any]) -> dict[str, Any]:
     return draft
 
 
-@router.post("/api/show")
+@router.post("/api/show", openapi_extra=schemas.SHOW)
 async def show(request: Request) -> Response:
     state = get_state(request)
     data = await read_json(request)
@@ -139,7 +140,7 @@ async def show(request: Request) -> Response:
     return JSONResponse(show_payload(view, verbose, system or None, options))
 
 
-@router.delete("/api/delete")
+@router.delete("/api/delete", openapi_extra=schemas.DELETE)
 async def delete(request: Request) -> Response:
     state = get_state(request)
     data = await read_json(request)
@@ -153,7 +154,7 @@ async def delete(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.post("/api/copy")
+@router.post("/api/copy", openapi_extra=schemas.COPY)
 async def copy(request: Request) -> Response:
     state = get_state(request)
     data = await read_json(request)
@@ -241,7 +242,7 @@ def parse_create(data: dict[str, Any]) -> CreateRequest:
     )
 
 
-@router.post("/api/create")
+@router.post("/api/create", openapi_extra=schemas.CREATE)
 async def create(request: Request) -> Response:
     state: ServerState = get_state(request)
     data = await read_json(request)
@@ -258,7 +259,7 @@ async def create(request: Request) -> Response:
     return await run_streaming(job, stream)
 
 
-@router.post("/api/pull")
+@router.post("/api/pull", openapi_extra=schemas.PULL)
 async def pull(request: Request) -> Response:
     from modelhub.library.pulled import installer
     from modelhub.pull import pull_model

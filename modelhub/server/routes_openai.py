@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError, ModelhubError
 from modelhub.runtime.planning import keep_alive_seconds, plan
+from modelhub.server import schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.errors import error_body
 from modelhub.server.generation import collect, run_on_runner
@@ -91,7 +92,8 @@ def _format(data: dict[str, Any]) -> Any:
     if kind == "json_object":
         return "json"
     if kind == "json_schema":
-        schema = (rf.get("json_schema") or {}).get("schema")
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise InputError("response_format.json_schema.schema must be a JSON schema object")
         return schema
@@ -222,7 +224,7 @@ async def _run(request: Request, chat: bool) -> Response:
     else:
         suffix = field(data, "suffix", str, "")
         text = generate_prompt(state, view, _completion_prompt(data), suffix=suffix)
-    usage_wanted = bool((data.get("stream_options") or {}).get("include_usage"))
+    usage_wanted = bool(field(data, "stream_options", dict, {}).get("include_usage"))
     c = _Completion(chat, req.model, text, req.stream, usage_wanted)
     events = _events(state, data, text, view, started)
     # Up to the first token (or everything, unstreamed): errors keep their status.
@@ -290,12 +292,12 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=schemas.OPENAI_CHAT)
 async def chat_completions(request: Request) -> Response:
     return await _run(request, chat=True)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=schemas.OPENAI_COMPLETION)
 async def completions(request: Request) -> Response:
     return await _run(request, chat=False)
 
@@ -317,7 +319,7 @@ async def get_model(request: Request, model: str) -> Response:
     return JSONResponse(_model_entry(view.name.display, view.stored.modified))
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", openapi_extra=schemas.OPENAI_EMBEDDINGS)
 async def embeddings(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
