@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from devtools.daemons import Daemon, start_daemon
@@ -50,14 +49,6 @@ def test_repack_setting_words() -> None:
     assert Settings.from_env({}).repack is None
     with pytest.raises(InputError, match="MODELHUB_REPACK='maybe': use auto, on or off"):
         Settings.from_env({"MODELHUB_REPACK": "maybe"})
-
-
-def _runner_children(d: Daemon) -> list[psutil.Process]:
-    return [
-        p
-        for p in psutil.Process(d.proc.pid).children(recursive=True)
-        if "modelhub.engine.runner" in " ".join(p.cmdline())
-    ]
 
 
 def _create(d: Daemon, tmp_path: Path, name: str, seed: int) -> None:
@@ -102,7 +93,7 @@ def test_runner_faulting_with_repack_is_restarted_without_it(
     log = faulting.log.read_text(errors="replace")
     assert log.count("died of SIGILL with repacked weights") == 1, log
     # Exactly the two registered runners are alive: the faulted one was reaped.
-    assert len(_runner_children(faulting)) == 2
+    assert len(faulting.runner_pids()) == 2
 
     ps = faulting.cli("ps")
     assert ps.returncode == 0, ps.stderr
@@ -133,7 +124,7 @@ def test_a_persistent_sigill_names_the_cause_and_the_remedy(tmp_path: Path) -> N
         assert run.returncode == 1
         assert run.stderr.startswith("Error: ") and "-mno-amx-tile" in run.stderr
         assert "Traceback" not in run.stderr
-        assert _runner_children(d) == []
+        assert d.runner_pids() == set()
     finally:
         d.stop()
 

@@ -18,11 +18,7 @@ from tests.fixtures.synthetic import write_tiny_llama, write_tiny_llama_without
 
 
 def runner_pids(d: Daemon) -> set[int]:
-    return {
-        p.pid
-        for p in psutil.Process(d.proc.pid).children(recursive=True)
-        if "modelhub.engine.runner" in " ".join(p.cmdline())
-    }
+    return d.runner_pids()
 
 
 def settled_runner_pids(d: Daemon, want: int, timeout: float = 10) -> set[int]:
