@@ -303,3 +303,20 @@ def test_runners_die_with_a_killed_daemon(tmp_path: Path) -> None:
         assert alive == [], "a runner outlived its daemon"
     finally:
         d.stop()
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_loading(served: Daemon) -> None:
+    with served.client() as c:
+        c.post("/api/generate", json={"model": "tiny", "keep_alive": 0}).raise_for_status()
+        huge = "word " * 200_000  # 1 MB: more tokens than the tiny model's 256 positions
+        for path, body in (
+            ("/api/generate", {"model": "tiny", "prompt": huge}),
+            ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": huge}]}),
+            ("/v1/completions", {"model": "tiny", "prompt": huge}),
+        ):
+            r = c.post(path, json=body)
+            assert r.status_code == 400, r.text
+            text = r.text
+            assert "the prompt has at least" in text and "the context holds 256" in text, text
+        assert c.get("/api/ps").json()["models"] == []
+    assert runner_pids(served) == set()  # no runner was started for any of them

@@ -109,6 +109,7 @@ class ModelViews:
         self.store = store
         self._infos: dict[str, GGUFInfo] = {}
         self._specials: dict[str, tuple[str, str]] = {}
+        self._longest: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def gguf_info(self, digest: str) -> GGUFInfo:
@@ -136,7 +137,15 @@ class ModelViews:
 
         pair = (text(info.bos_id), text(info.eos_id))
         self._specials[digest] = pair
+        self._longest[digest] = max((len(t.encode("utf-8")) for t in texts), default=1) or 1
         return pair
+
+    def max_token_bytes(self, digest: str) -> int:
+        """The most bytes one token of this GGUF's vocabulary spells (as llama.cpp's token
+        texts count them): a text of n bytes has at least n / this many tokens."""
+        if digest not in self._longest:
+            self.special_tokens(digest)
+        return self._longest[digest]
 
     def get(self, name: ModelName, *, with_info: bool = True) -> ModelView:
         return self.view(self.store.get(name), with_info=with_info)

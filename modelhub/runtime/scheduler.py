@@ -185,6 +185,8 @@ class Scheduler:
             self._repack_faulted(spec.name)
             process = self.runner_factory(spec.name)
             info = await process.start({**config, "repack": False})
+        if self.repack is None:  # the first runner decided for this machine: tell the next ones
+            self.repack = bool(info.get("repack", True))
         log.info("loaded %s in %.2f s (pid %s)", spec.name, time.monotonic() - started, process.pid)
         self.loads_total += 1
         loaded = Loaded(

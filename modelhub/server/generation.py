@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from modelhub.errors import ErrorKind, ModelhubError, RequestCancelledError, error_for_kind
 from modelhub.runtime.planning import Plan
 from modelhub.server.errors import error_body, error_response
+from modelhub.server.prompts import check_prompt_fits
 from modelhub.server.state import ServerState
 
 Event = dict[str, Any]
@@ -38,6 +39,10 @@ async def run_on_runner(
     started_ns: int,
 ) -> AsyncIterator[Event]:
     """Yield runner events; the first one is ``{"event": "ready", "load_duration": ns}``."""
+    if msg.get("op") == "generate":
+        n_ctx = int(dict(plan.spec.config).get("n_ctx") or 0)
+        text = str(msg.get("prompt") or "")
+        await asyncio.to_thread(check_prompt_fits, state, plan.spec.model_blob, text, n_ctx)
     async with state.scheduler.use(plan.spec, keep_alive) as loaded:
         yield {"event": "ready", "load_duration": time.monotonic_ns() - started_ns}
         async for event in loaded.process.request(msg):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.server.state import ServerState
 from modelhub.templates.prompt import build_chat_prompt, build_generate_prompt
@@ -72,3 +73,16 @@ def _jinja(view: ModelView) -> str | None:
 
 def _adds_bos(view: ModelView) -> bool:
     return not (view.info is not None and view.info.add_bos is False)
+
+
+def check_prompt_fits(state: ServerState, weights: str, text: str, n_ctx: int) -> None:
+    """Refuse, before any runner work, a prompt whose byte length alone proves it cannot fit
+    the model ``weights`` (a digest): one token spells at most ``max_token_bytes`` bytes (the
+    runner checks the exact count)."""
+    longest = state.views.max_token_bytes(weights)
+    at_least = -(-len(text.encode("utf-8")) // longest)
+    if at_least >= n_ctx:
+        raise InputError(
+            f"the prompt has at least {at_least} tokens but the context holds {n_ctx}: "
+            "shorten the prompt or load the model with a larger num_ctx"
+        )
