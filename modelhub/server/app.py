@@ -81,7 +81,9 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
         if exc.status_code == 405:
             return PlainTextResponse("405 method not allowed", status_code=405)
         error = error_for_status(exc.status_code, str(exc.detail))
-        return error_response(error, api_of(request.url.path))
+        response = error_response(error, api_of(request.url.path))
+        response.status_code = exc.status_code  # a status without a kind of ours stays as it is
+        return response
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
