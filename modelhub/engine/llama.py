@@ -119,6 +119,7 @@ class LlamaModel:
         self.architecture = self.meta("general.architecture") or "unknown"
         self._pieces: dict[int, bytes] = {}
         self._specials: tuple[frozenset[str], list[int], re.Pattern[str]] | None = None
+        self._prefixes: frozenset[str] = frozenset()  # every prefix of a special token
         self._max_piece = 0
 
     def meta(self, key: str) -> str | None:
@@ -176,17 +177,28 @@ class LlamaModel:
         specials, lengths, first = self._special_texts()
         while (m := first.search(text, pos)) is not None:
             at = m.start()
-            starts = any(text[at : at + n] in specials for n in lengths)
-            inside = any(
-                text[b : b + n] in specials
-                for n in lengths
-                for b in range(max(0, at - n + 1), at)
-                if b + n > at
-            )
-            if starts and not inside:
+            if (
+                self._special_at(text, at)
+                and not any(  # not inside a longer special token
+                    text[b : b + n] in specials
+                    for n in lengths
+                    for b in range(max(0, at - n + 1), at)
+                )
+            ):
                 return at
             pos = at + 1
         return None
+
+    def _special_at(self, text: str, at: int) -> bool:
+        """Whether a special token starts at ``at``: walks the prefixes of special tokens, so
+        a text full of near misses (``<<<<``) costs a lookup or two per character."""
+        specials, prefixes, end = self._special_texts()[0], self._prefixes, len(text)
+        k = 1
+        while at + k <= end and text[at : at + k] in prefixes:
+            if text[at : at + k] in specials:
+                return True
+            k += 1
+        return False
 
     def _special_texts(self) -> tuple[frozenset[str], list[int], re.Pattern[str]]:
         """Special tokens that may start a piece, their lengths, and their first characters."""
@@ -202,6 +214,7 @@ class LlamaModel:
                 text = self.token_text(token)
                 if attr & special and not attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP and text:
                     texts.add(text)
+            self._prefixes = frozenset(t[:k] for t in texts for k in range(1, len(t) + 1))
             firsts = "".join(sorted({t[0] for t in texts}))
             pattern = re.compile(f"[{re.escape(firsts)}]" if firsts else "(?!)")
             self._specials = (frozenset(texts), sorted({len(t) for t in texts}), pattern)
