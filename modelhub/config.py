@@ -140,7 +140,7 @@ class Settings:
     keep_alive: float = DEFAULT_KEEP_ALIVE
     origins: tuple[str, ...] = ()
     max_loaded_models: int = 3
-    num_parallel: int = 1
+    num_parallel: int = 0  # sequences per loaded model (0: 4 when memory allows, else 1)
     num_threads: int = 0
     max_queue: int = 512
     noprune: bool = False
@@ -183,7 +183,7 @@ class Settings:
             keep_alive=keep_alive,
             origins=origins,
             max_loaded_models=max(1, _int(get("MODELHUB_MAX_LOADED_MODELS"), 3)),
-            num_parallel=max(1, _int(get("MODELHUB_NUM_PARALLEL"), 1)),
+            num_parallel=max(0, _int(get("MODELHUB_NUM_PARALLEL"), 0)),
             num_threads=max(0, _int(get("MODELHUB_NUM_THREADS"), 0)),
             max_queue=max(1, _int(get("MODELHUB_MAX_QUEUE"), 512)),
             noprune=_bool(get("MODELHUB_NOPRUNE")),

@@ -18,7 +18,7 @@ Environment:
   MODELHUB_KEEP_ALIVE         How long a model stays loaded after use (default "5m")
   MODELHUB_ORIGINS            Extra allowed browser origins, comma separated
   MODELHUB_MAX_LOADED_MODELS  Models kept loaded at once (default 3)
-  MODELHUB_NUM_PARALLEL       Requests served at once per model (default 1)
+  MODELHUB_NUM_PARALLEL       Requests served at once per model (default 4, or 1 if memory is short)
   MODELHUB_NUM_THREADS        CPU threads per model (default: all cores)
   MODELHUB_MAX_QUEUE          Requests that may wait before "server busy" (default 512)
   MODELHUB_NOPRUNE            Keep unreferenced blobs when overwriting a model

@@ -1,6 +1,6 @@
 """The generation engine: prefill, the draft/verify loop, and everything a request sees.
 
-The loop keeps one invariant: the target's KV cache holds every accepted token except the last,
+Each request keeps one invariant: its KV sequence holds every accepted token except the last,
 the *pending* token, which opens the next verification batch ``[pending, d1..dK]`` (one
 ``llama_decode``, logits on every row). Row i is the target's prediction after row i's token.
 Greedy requests keep the drafts that equal the target's choice; sampled requests use rejection
@@ -10,18 +10,20 @@ through the same stop logic as plain decoding, and every cache is cut back to th
 sequence after each round, so a stop, an end-of-generation token or a cancellation in the middle
 of a chunk leaves the caches consistent for the next request (the prompt cache).
 
-:class:`Engine` loads the models, prefills and starts each request; the draft/verify rounds are
-:mod:`modelhub.engine.speculative_loop`, embeddings :mod:`modelhub.engine.embeddings`.
+:class:`Engine` loads the models and holds ``n_parallel`` slots (KV sequences, each with its
+drafter and prompt cache); :mod:`modelhub.engine.batching` runs the requests of all slots in one
+batch per step, :mod:`modelhub.engine.sequence` is one request's prefill and rounds, embeddings
+are :mod:`modelhub.engine.embeddings`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from modelhub.engine.batching import BatchLoop
 from modelhub.engine.cpu import RepackDecision, inject_fault, repack_default
 from modelhub.engine.embeddings import embed_texts, embedding_context
 from modelhub.engine.grammar import GrammarConstraint
@@ -35,20 +37,18 @@ from modelhub.engine.options import (
     validate_config,
 )
 from modelhub.engine.sampling import Sampler
+from modelhub.engine.sequence import Generation, OnDone, Slot
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Drafter
-from modelhub.engine.speculative.draft_model import DraftModelDrafter, common_prefix
+from modelhub.engine.speculative.draft_model import DraftModelDrafter
 from modelhub.engine.speculative.factory import (
     Closable,
-    Seeded,
-    TargetObserver,
     make_drafter,
     ngram_drafter,
     prediction_drafter,
 )
-from modelhub.engine.speculative_loop import run_loop
 from modelhub.engine.textstream import Committer
-from modelhub.errors import InputError
+from modelhub.errors import DraftError, InputError
 
 __all__ = [
     "DoneReason",
@@ -63,7 +63,7 @@ log = logging.getLogger("modelhub.engine")
 
 
 class Engine:
-    """A loaded target model (plus drafter) that generates for one request at a time."""
+    """A loaded target model (plus drafter) serving up to ``n_parallel`` requests at once."""
 
     def __init__(self, cfg: EngineConfig, *, drafter: Drafter | None = None) -> None:
         """Load the target (and the configured drafter). ``drafter`` replaces the configured
@@ -71,6 +71,18 @@ class Engine:
         validate_config(cfg)
         self.cfg = cfg
         self.n_threads = cfg.n_threads if cfg.n_threads > 0 else default_threads()
+        self.n_parallel = max(1, cfg.n_parallel)
+        self.single_reason: str | None = None
+        if self.n_parallel > 1 and (cfg.draft_kind == "mtp" or drafter is not None):
+            # MTP heads read the target's hidden states of the last decode, which then must be
+            # one sequence's alone; a caller's drafter object is one sequence's state.
+            self.single_reason = (
+                "MTP drafting reads the target's hidden states: one sequence at a time"
+                if drafter is None
+                else "a drafter given by the caller serves one sequence"
+            )
+            log.info("num_parallel %d -> 1: %s", self.n_parallel, self.single_reason)
+            self.n_parallel = 1
         want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0 and not cfg.draft_path
         self.repack = (
             RepackDecision(cfg.repack, "set by the daemon")
@@ -82,14 +94,17 @@ class Engine:
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
         try:
             self.ctx = LlamaContext(
-                self.model, n_ctx=n_ctx, n_batch=cfg.n_batch, n_threads=self.n_threads
+                self.model,
+                n_ctx=n_ctx,
+                n_batch=cfg.n_batch,
+                n_threads=self.n_threads,
+                n_seq=self.n_parallel,
             )
         except BaseException:
             self.model.close()
             raise
         self.n_ctx = min(n_ctx, self.ctx.n_ctx)  # llama.cpp may round the context up
-        self.cached: list[int] = []  # exactly the tokens in the target's KV cache
-        self._lock = threading.Lock()
+        self._embed_lock = threading.Lock()
         self._embed_ctx: LlamaContext | None = None
         self.drafting_disabled: str | None = None
         if cfg.draft_kind == "mtp" and cfg.draft_path is not None and not _mtp_only(cfg):
@@ -117,12 +132,25 @@ class Engine:
                 self.close()
                 raise
         self._controllers: dict[str, AdaptiveDraftLength] = {}
-        self._ngram_fallback: Drafter | None = None
+        self.slots = [Slot(0, self.drafter)]
         try:
+            self.slots += [Slot(i, self._slot_drafter()) for i in range(1, self.n_parallel)]
             self._warm_up()
         except BaseException:
             self.close()
             raise
+        self._loop = BatchLoop(self, self.slots)
+
+    def _slot_drafter(self) -> Drafter | None:
+        """Another sequence's instance of the model's drafter: n-grams share the model's pool,
+        a draft model shares its weights (each sequence has its own draft context)."""
+        if self.drafter is None:
+            return None
+        if isinstance(self.drafter, DraftModelDrafter):
+            return self.drafter.fork()
+        if self.drafter.kind == "ngram":
+            return ngram_drafter(self.model.path)
+        raise DraftError(f"{self.drafter.kind} drafting serves one sequence at a time")
 
     def _warm_up(self) -> None:
         """Run one small batch through every loaded model, so that a CPU fault in ggml's
@@ -166,113 +194,60 @@ class Engine:
         cancel: threading.Event | None = None,
         prediction: list[int] | None = None,
     ) -> GenerateResult:
-        """Generate after ``prompt_tokens``; see the module docstring for the guarantees.
+        """Generate after ``prompt_tokens`` and wait for the result; see the module docstring
+        for the guarantees. Several threads may call it at once: up to ``n_parallel``
+        requests run together, the others wait for a slot.
 
-        ``on_token`` is called for each emitted token (from this thread); ``cancel`` is checked
-        between decode steps and after each emitted token; ``prediction`` (token ids of the
-        expected output, OpenAI's Predicted Outputs) drafts for this request in place of the
-        configured drafter.
+        ``on_token`` is called for each emitted token (from the engine's batch thread);
+        ``cancel`` is checked between decode steps and after each emitted token;
+        ``prediction`` (token ids of the expected output, OpenAI's Predicted Outputs) drafts
+        for this request in place of the configured drafter.
         """
-        with self._lock:
-            return self._generate(prompt_tokens, options, on_token, cancel, prediction)
+        done = threading.Event()
+        outcome: list[GenerateResult | BaseException] = []
 
-    def _generate(
+        def finished(result: GenerateResult | None, error: BaseException | None) -> None:
+            outcome.append(error if error is not None else result)  # type: ignore[arg-type]
+            done.set()
+
+        self.submit(prompt_tokens, options, finished, on_token, cancel, prediction)
+        done.wait()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def submit(
         self,
-        prompt: list[int],
+        prompt_tokens: list[int],
         options: GenerateOptions,
-        on_token: Callable[[TokenEvent], None] | None,
-        cancel: threading.Event | None,
-        prediction: list[int] | None,
-    ) -> GenerateResult:
-        self._check_prompt(prompt)
+        on_done: OnDone,
+        on_token: Callable[[TokenEvent], None] | None = None,
+        cancel: threading.Event | None = None,
+        prediction: list[int] | None = None,
+    ) -> None:
+        """Queue a request and return at once; ``on_done(result, None)`` or
+        ``on_done(None, error)`` is called from the batch thread when it ends. A prompt that
+        cannot be served raises here."""
+        self._check_prompt(prompt_tokens)
         constraint = GrammarConstraint(self.model, options.grammar) if options.grammar else None
         sampler = Sampler(
-            options,
-            self.model.n_vocab,
-            n_ctx=self.n_ctx,
-            seed=options.seed,
-            constraint=constraint,
+            options, self.model.n_vocab, n_ctx=self.n_ctx, seed=options.seed, constraint=constraint
         )
         committer = Committer(self.model, options, on_token, cancel)
-        drafter, k_max = self._request_drafter(options, prediction)
-
-        t_start = time.perf_counter_ns()
-        evaluated = self._prefill(prompt, committer)
-        t_prefilled = time.perf_counter_ns()
-        result = GenerateResult(
-            tokens=[],
-            text="",
-            done_reason="stop",
-            prompt_eval_count=evaluated,
-            prompt_eval_duration_ns=t_prefilled - t_start,
-            eval_count=0,
-            eval_duration_ns=0,
-            drafter=drafter.kind if drafter is not None else None,
+        gen = Generation(
+            self, list(prompt_tokens), options, sampler, committer, prediction, on_done
         )
-        if committer.cancelled():
-            return self._finish(result, committer, "cancel", t_prefilled)
-        if options.num_predict == 0:
-            return self._finish(result, committer, "length", t_prefilled)
+        self._loop.submit(gen)
 
-        tokens = list(prompt)
-        first = sampler.sample(self.ctx.last_logits(), tokens)
-        sampler.accept(first)
-        tokens.append(first)
-        controller: AdaptiveDraftLength | None = None
-        if drafter is not None:
-            if isinstance(drafter, Seeded):
-                seed = options.seed if options.seed is not None and options.seed >= 0 else None
-                drafter.reseed(None if seed is None else seed + 1)
-            drafter.begin(prompt)
-            controller = self._controller(drafter.kind, k_max)
-        if committer.commit(first, drafted=False):
-            run_loop(self, tokens, sampler, committer, drafter, controller, k_max, options, result)
-        return self._finish(result, committer, committer.done or "stop", t_prefilled)
+    @property
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        return self._loop.counts
 
-    def _prefill(self, prompt: list[int], committer: Committer) -> int:
-        """Evaluate what the cache does not already hold; the last prompt token always."""
-        reuse = min(common_prefix(self.cached, prompt), len(prompt) - 1)
-        if reuse < len(self.cached):
-            if not self.ctx.truncate(reuse):
-                self.ctx.clear()
-                reuse = 0
-            del self.cached[reuse:]
-        if isinstance(self.drafter, TargetObserver):
-            resume = self.drafter.rollback(reuse)
-            if resume < reuse:  # it needs hidden states from earlier positions: replay them
-                self.ctx.truncate(resume)
-                del self.cached[resume:]
-                reuse = resume
-        # Everything but the last token in n_batch chunks, then the last token alone: its logits
-        # (the first generated token) then come from a one-row decode whatever was cached, and
-        # large batches take different CPU kernels than small ones (not bitwise equal).
-        step = self.ctx.n_batch
-        bounds = [(a, min(a + step, len(prompt) - 1)) for a in range(reuse, len(prompt) - 1, step)]
-        bounds.append((len(prompt) - 1, len(prompt)))
-        for start, end in bounds:
-            if committer.cancelled():
-                break
-            chunk = prompt[start:end]
-            self.ctx.decode(chunk, start, "last" if end == len(prompt) else "none")
-            self.cached.extend(chunk)
-            if isinstance(self.drafter, TargetObserver):
-                self.drafter.observe_target(chunk, start)
-        return len(self.cached) - reuse
-
-    def _finish(
-        self, result: GenerateResult, committer: Committer, reason: DoneReason, t_gen: int
-    ) -> GenerateResult:
-        result.text = committer.finish()
-        result.tokens = committer.generated
-        result.eval_count = len(committer.generated)
-        result.eval_duration_ns = time.perf_counter_ns() - t_gen
-        result.done_reason = reason
-        return result
-
-    def _request_drafter(
-        self, options: GenerateOptions, prediction: list[int] | None
+    def request_drafter(
+        self, slot: Slot, options: GenerateOptions, prediction: list[int] | None
     ) -> tuple[Drafter | None, int]:
-        """The drafter and its K bound for this request (None: plain decoding)."""
+        """The drafter and its K bound for a request in ``slot`` (None: plain decoding)."""
         if self.drafting_disabled is not None or options.grammar:
             return None, 0
         k_max = self.cfg.draft_num_predict
@@ -282,20 +257,21 @@ class Engine:
         if k_max <= 0:
             return None, 0
         if prediction:
-            return prediction_drafter(prediction, self._ngram()), k_max
-        return self.drafter, k_max
+            return prediction_drafter(prediction, self._ngram(slot)), k_max
+        return slot.drafter, k_max
 
-    def _ngram(self) -> Drafter:
-        """The model's n-gram drafter: the configured one, or one made for prediction requests
+    def _ngram(self, slot: Slot) -> Drafter:
+        """The slot's n-gram drafter: the configured one, or one made for prediction requests
         (kept, with what it learned, for the next)."""
-        if self.drafter is not None and self.drafter.kind == "ngram":
-            return self.drafter
-        if self._ngram_fallback is None:
-            self._ngram_fallback = ngram_drafter(self.model.path)
-        return self._ngram_fallback
+        if slot.drafter is not None and slot.drafter.kind == "ngram":
+            return slot.drafter
+        if slot.ngram is None:
+            slot.ngram = ngram_drafter(self.model.path)
+        return slot.ngram
 
-    def _controller(self, kind: str, k_max: int) -> AdaptiveDraftLength:
-        """One controller per drafter kind, kept across requests (costs do not change)."""
+    def controller(self, kind: str, k_max: int) -> AdaptiveDraftLength:
+        """One controller per drafter kind, kept across requests and shared by the slots: the
+        costs it measures are those of the batches the requests run in."""
         ctl = self._controllers.get(kind)
         if ctl is None:
             ctl = AdaptiveDraftLength(k_max, adaptive=self.cfg.adaptive)
@@ -330,7 +306,7 @@ class Engine:
     # ---- embeddings ----------------------------------------------------------------------------
     def embed(self, texts: list[str]) -> list[list[float]]:
         """Mean-pooled, L2-normalised embeddings (one per text), from a separate context."""
-        with self._lock:
+        with self._embed_lock:
             return embed_texts(self.model, self._embedding_context(), texts)
 
     def _embedding_context(self) -> LlamaContext:
@@ -340,7 +316,14 @@ class Engine:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
-        if isinstance(self.drafter, Closable):
+        loop = getattr(self, "_loop", None)
+        if loop is not None:
+            loop.close()
+        for slot in reversed(getattr(self, "slots", [])):  # forks before the drafter they share
+            if isinstance(slot.drafter, Closable):
+                slot.drafter.close()
+            slot.drafter = None
+        if isinstance(self.drafter, Closable) and not getattr(self, "slots", None):
             self.drafter.close()
         self.drafter = None
         if self._embed_ctx is not None:

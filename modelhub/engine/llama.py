@@ -278,7 +278,14 @@ class LlamaModel:
 
 
 class LlamaContext:
-    """One inference context (its own KV cache) over a loaded model, single sequence 0."""
+    """One inference context (its own KV cache) over a loaded model.
+
+    ``n_seq`` sequences (0..n_seq-1) each get ``n_ctx`` positions in a KV stream of their own
+    (llama.cpp's non-unified cache): a sequence's cells then sit in position order whatever
+    the others do, so its logits are those it would get alone (bit for bit where the kernels
+    are row-independent, see the module docstring). :meth:`decode` serves sequence 0;
+    :meth:`decode_rows` evaluates rows of several sequences in one ``llama_decode``.
+    """
 
     def __init__(
         self,
@@ -293,12 +300,14 @@ class LlamaContext:
         ctx_type: int = llama_cpp.LLAMA_CONTEXT_TYPE_DEFAULT,
         ctx_other: LlamaContext | None = None,
         n_outputs_max: int = 0,
+        n_seq: int = 1,
     ) -> None:
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
+        params.n_ctx = n_ctx * n_seq
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq
+        params.kv_unified = False
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.flash_attn_type = (
@@ -324,18 +333,26 @@ class LlamaContext:
             )
         self.model = model
         self.handle: Any = handle
-        self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
+        self.n_seq = n_seq
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(handle))  # positions per sequence
         self.n_batch = n_batch
         self.memory = llama_cpp.llama_get_memory(handle)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
-        n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
-        n_seq[:] = 1
-        for i in range(n_batch):
-            self._batch.seq_id[i][0] = 0
+        n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
+        n_seq_id[:] = 1
+        self._seq = np.full(n_batch, -1, dtype=np.int32)  # each row's sequence id, as written
+        self._set_seq(n_batch, 0)
         self._n_outputs = 0
+
+    def _set_seq(self, n: int, seq: int | npt.NDArray[np.int32]) -> None:
+        """Write the rows' sequence ids where they differ from what the batch holds."""
+        wanted = np.broadcast_to(np.asarray(seq, dtype=np.int32), (n,))
+        for i in np.flatnonzero(self._seq[:n] != wanted):
+            self._batch.seq_id[int(i)][0] = int(wanted[i])
+        self._seq[:n] = wanted
 
     def decode(self, tokens: Sequence[int], start: int, logits: LogitsMode = "last") -> None:
         """Evaluate ``tokens`` at positions ``start..`` (one llama_decode; len <= n_batch)."""
@@ -348,6 +365,7 @@ class LlamaContext:
             raise ModelhubError(
                 f"context is full: {start + n} tokens needed, the context holds {self.n_ctx}"
             )
+        self._set_seq(n, 0)
         self._tok[:n] = tokens
         self._pos[:n] = np.arange(start, start + n, dtype=np.int32)
         if logits == "all":
@@ -367,6 +385,50 @@ class LlamaContext:
             detail = recent_native_messages()
             raise ModelhubError(f"llama_decode failed (code {rc}) at position {start}: {detail}")
 
+    def decode_rows(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        seqs: Sequence[int],
+        outputs: Sequence[bool],
+    ) -> None:
+        """Evaluate rows of several sequences in one llama_decode (``len <= n_batch``): row i
+        is ``tokens[i]`` at ``positions[i]`` of sequence ``seqs[i]``; rows with ``outputs[i]``
+        get logits (read with :meth:`row_logits`). A sequence's rows must be consecutive
+        positions after what its cache holds. On failure every sequence of the batch is cut
+        back to where its rows started."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        pos = np.asarray(positions, dtype=np.int32)
+        seq = np.asarray(seqs, dtype=np.int32)
+        if int(pos.max()) >= self.n_ctx:
+            raise ModelhubError(
+                f"context is full: position {int(pos.max())} needed, the context holds "
+                f"{self.n_ctx} per sequence"
+            )
+        self._set_seq(n, seq)
+        self._tok[:n] = tokens
+        self._pos[:n] = pos
+        self._out[:n] = np.asarray(outputs, dtype=np.int8)
+        self._n_outputs = int(np.count_nonzero(self._out[:n]))
+        self._batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self.handle, self._batch)
+        if rc != 0:
+            for s in np.unique(seq):
+                self.truncate(int(pos[seq == s].min()), int(s))
+            detail = recent_native_messages()
+            raise ModelhubError(f"llama_decode failed (code {rc}): {detail}")
+
+    def row_logits(self, row: int) -> npt.NDArray[np.float32]:
+        """The logits of batch row ``row`` of the last :meth:`decode_rows` (a view)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.handle, row)
+        if not ptr:
+            raise ModelhubError(f"batch row {row} has no logits")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
     def decode_chunked(self, tokens: Sequence[int], start: int, logits_last: bool) -> None:
         """Evaluate a long sequence in n_batch chunks (prefill)."""
         for offset in range(0, len(tokens), self.n_batch):
@@ -383,16 +445,21 @@ class LlamaContext:
         ptr = llama_cpp.llama_get_logits_ith(self.handle, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 
-    def truncate(self, keep: int) -> bool:
-        """Drop every cached position >= ``keep``; False when the memory cannot (recurrent)."""
-        return bool(llama_cpp.llama_memory_seq_rm(self.memory, 0, keep, -1))
+    def truncate(self, keep: int, seq: int = 0) -> bool:
+        """Drop every cached position >= ``keep`` of sequence ``seq``; False when the memory
+        cannot (recurrent state)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, keep, -1))
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
 
-    def pos_max(self) -> int:
-        """Highest cached position (-1 when empty)."""
-        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, 0))
+    def clear_seq(self, seq: int) -> None:
+        """Forget everything sequence ``seq`` holds (possible for every kind of memory)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    def pos_max(self, seq: int = 0) -> int:
+        """Highest cached position of ``seq`` (-1 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
 
     def embeddings_seq(self) -> npt.NDArray[np.float32]:
         ptr = llama_cpp.llama_get_embeddings_seq(self.handle, 0)

@@ -31,6 +31,8 @@ class EngineConfig:
     target's); once a sequence outgrows it, that request continues without drafting.
     ``repack`` lets ggml repack weights into its extra CPU buffer types (AMX, AVX-512/NEON
     layouts); None decides per machine (``cpu.repack_default``), False is the SIGILL fallback.
+    ``n_parallel`` sequences run at once, each with ``n_ctx`` positions of its own (MTP
+    drafting serves one).
     """
 
     model_path: Path
@@ -46,6 +48,7 @@ class EngineConfig:
     embedding: bool = False
     draft_n_ctx: int = 0
     repack: bool | None = None
+    n_parallel: int = 1
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ daemon -> runner
   {"op": "cancel", "id": "..."}
   {"op": "shutdown"}
 runner -> daemon
-  {"event": "loaded", "pid": n, "n_ctx": n, "rss": bytes, "repack": bool, "repack_reason": "..."}
+  {"event": "loaded", "pid": n, "n_ctx": n, "rss": bytes, "repack": bool, "repack_reason": "...",
+   "n_parallel": n}
   {"event": "load_error", "message": "...", "kind": "invalid_request" | ...}
   {"id": "...", "event": "prompt", "prompt_tokens": n}          (generation started)
   {"id": "...", "event": "token", "text": "...", "drafted": bool}
@@ -23,8 +24,10 @@ runner -> daemon
 
 ``kind`` is an ``errors.ErrorKind`` label; the daemon raises the error class of that kind.
 
-Requests are served one at a time in arrival order (the engine holds one sequence and its
-prompt cache); ``cancel`` stops the running request between decode steps or drops a queued one.
+Generation requests run together in the engine's batch (up to ``n_parallel`` at once, the
+others wait for a slot in arrival order; ``engine.batching``), each answered by its own
+events; ``cancel`` stops a running request between decode steps or drops a waiting one.
+Embeddings and tokenization are answered in arrival order beside them.
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class Runner:
                 "rss": _rss_bytes(),
                 "repack": self.engine.repack.enabled,
                 "repack_reason": self.engine.repack.reason,
+                "n_parallel": self.engine.n_parallel,
             }
         )
 
@@ -127,37 +131,41 @@ class Runner:
             rid = str(msg.get("id"))
             with self.cancel_lock:
                 cancel = self.cancels.get(rid) or threading.Event()
+            finished = True
             try:
                 if cancel.is_set():
-                    self.send(
-                        {
-                            "id": rid,
-                            "event": "error",
-                            "message": "request canceled",
-                            "kind": ErrorKind.CANCELLED.label,
-                        }
-                    )
+                    self._send_error(rid, "request canceled", ErrorKind.CANCELLED.label)
                 elif self.engine is None:
                     self.send({"id": rid, "event": "error", "message": "no model loaded"})
                 else:
-                    self._dispatch(rid, msg, cancel)
+                    finished = self._dispatch(rid, msg, cancel)
             except ModelhubError as exc:
-                self.send(
-                    {"id": rid, "event": "error", "message": exc.message, "kind": exc.kind.label}
-                )
+                self._send_error(rid, exc.message, exc.kind.label)
             except Exception as exc:
                 traceback.print_exc(file=sys.stderr)
-                self.send({"id": rid, "event": "error", "message": f"{type(exc).__name__}: {exc}"})
+                self._send_error(rid, f"{type(exc).__name__}: {exc}")
             finally:
-                with self.cancel_lock:
-                    self.cancels.pop(rid, None)
+                if finished:
+                    self._forget(rid)
 
-    def _dispatch(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> None:
+    def _forget(self, rid: str) -> None:
+        with self.cancel_lock:
+            self.cancels.pop(rid, None)
+
+    def _send_error(self, rid: str, message: str, kind: str | None = None) -> None:
+        event: dict[str, Any] = {"id": rid, "event": "error", "message": message}
+        if kind is not None:
+            event["kind"] = kind
+        self.send(event)
+
+    def _dispatch(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> bool:
+        """Serve one request; False when it goes on in the engine's batch (generate)."""
         op = msg.get("op")
         engine = self.engine
         if op == "generate":
             self._generate(rid, msg, cancel)
-        elif op == "embed":
+            return False
+        if op == "embed":
             texts = [str(t) for t in msg.get("texts") or []]
             counts = [len(engine.tokenize(t)) for t in texts]
             vectors = engine.embed(texts)
@@ -175,17 +183,11 @@ class Runner:
             )
             self.send({"id": rid, "event": "tokens", "tokens": tokens})
         else:
-            self.send(
-                {
-                    "id": rid,
-                    "event": "error",
-                    "message": f"unknown op {op!r}",
-                    "kind": ErrorKind.INVALID.label,
-                }
-            )
+            self._send_error(rid, f"unknown op {op!r}", ErrorKind.INVALID.label)
+        return True
 
     def _generate(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> None:
-        from modelhub.engine.generate import GenerateOptions, TokenEvent
+        from modelhub.engine.generate import GenerateOptions, GenerateResult, TokenEvent
 
         engine = self.engine
         context = [int(t) for t in msg.get("context") or []]
@@ -205,12 +207,21 @@ class Runner:
             if ev.text:
                 self.send({"id": rid, "event": "token", "text": ev.text, "drafted": ev.drafted})
 
-        result = engine.generate(
-            tokens, opts, on_token=on_token, cancel=cancel, prediction=predicted
-        )
-        payload = {k: v for k, v in asdict(result).items() if k != "tokens"}
-        payload["context"] = tokens + list(result.tokens)
-        self.send({"id": rid, "event": "done", "result": payload})
+        def on_done(result: GenerateResult | None, error: BaseException | None) -> None:
+            try:
+                if isinstance(error, ModelhubError):
+                    self._send_error(rid, error.message, error.kind.label)
+                elif error is not None:
+                    print(f"request {rid} failed: {error!r}", file=sys.stderr)
+                    self._send_error(rid, f"{type(error).__name__}: {error}")
+                elif result is not None:
+                    payload = {k: v for k, v in asdict(result).items() if k != "tokens"}
+                    payload["context"] = tokens + list(result.tokens)
+                    self.send({"id": rid, "event": "done", "result": payload})
+            finally:
+                self._forget(rid)
+
+        engine.submit(tokens, opts, on_done, on_token=on_token, cancel=cancel, prediction=predicted)
 
 
 def die_with_parent() -> None:

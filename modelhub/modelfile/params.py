@@ -25,6 +25,7 @@ PARAMETER_TYPES: dict[str, type] = {
     "main_gpu": int,
     "use_mmap": bool,
     "num_thread": int,
+    "num_parallel": int,
     # speculative decoding; draft_min and draft_p_min are this project's extension
     "draft_num_predict": int,
     "draft_min": int,
@@ -89,6 +90,7 @@ _RANGES: dict[str, _Range] = {
     "num_gpu": _Range(-1, None, "-1 means automatic, 0 means CPU only"),
     "main_gpu": _Range(0, None, "an accelerator index"),
     "num_thread": _Range(0, None, "0 means automatic"),
+    "num_parallel": _Range(0, 64, "requests served at once; 0 means automatic"),
     "num_keep": _Range(-1, None, "-1 keeps the whole prompt"),
     "num_predict": _Range(-2, None, "-1 means until a stop, -2 until the context is full"),
     "top_k": _Range(0, None, "0 disables top-k"),

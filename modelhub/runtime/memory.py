@@ -5,7 +5,8 @@ is refused with a message instead of being killed by the OS halfway through load
 the machine down with it). It counts, for the target and for a draft model alike:
 
 - the weights (the file's size: llama.cpp maps them whole);
-- the KV cache at the context size: layers x context x (key + value width) x 2 bytes (F16);
+- the KV cache at the context size: layers x context x (key + value width) x 2 bytes (F16), once
+  per parallel sequence (``with_sequences``);
 - compute buffers, roughly: a batch of logits and a batch of the widest activations, in F32.
 
 Recurrent state (Mamba-style models) is small next to the weights and is not counted. The
@@ -33,6 +34,10 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         return self.weights + self.kv_cache + self.compute
+
+    def with_sequences(self, n: int) -> MemoryEstimate:
+        """The same model serving ``n`` sequences: one KV cache each (this estimate is one)."""
+        return MemoryEstimate(self.weights, self.kv_cache * n, self.compute)
 
     def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
         return MemoryEstimate(

@@ -19,7 +19,7 @@ from modelhub.runtime.memory import estimate
 from modelhub.runtime.scheduler import LoadSpec
 
 DEFAULT_NUM_CTX = 4096
-LOAD_KEYS = ("num_ctx", "num_batch", "num_thread", "draft_min", "draft_p_min")
+LOAD_KEYS = ("num_ctx", "num_batch", "num_thread", "num_parallel", "draft_min", "draft_p_min")
 IGNORED_LOAD_KEYS = ("num_gpu", "main_gpu", "use_mmap", "num_keep")  # no accelerator paths here
 RUNTIME_KEYS = (
     "num_predict",
@@ -112,7 +112,12 @@ def plan(
         "draft_min": int(opts.get("draft_min") or 0),
         "draft_p_min": float(opts.get("draft_p_min") or 0.0),
         "embedding": embedding,
+        # 0: the daemon's MODELHUB_NUM_PARALLEL, else automatic (the scheduler decides).
+        "n_parallel": int(opts.get("num_parallel") or 0),
     }
+    if embedding or config["draft_kind"] == "mtp":
+        # Embeddings use a context of their own; MTP heads follow one sequence.
+        config["n_parallel"] = 1
     if kind == DRAFT_MTP_DRAFTER and view.draft_path is not None:
         config["draft_path"] = str(view.draft_path)
     if config["n_batch"] < bound + 1:

@@ -1,4 +1,4 @@
-"""Loaded runners: load on first use, keep_alive, LRU eviction, one request at a time per runner.
+"""Loaded runners: load on first use, keep_alive, LRU eviction, ``n_parallel`` requests per runner.
 
 A runner is identified by what was loaded: the weights blob, the draft and the load-time
 options. Two model names over the same blob and options share one runner (as `cp` copies do).
@@ -7,6 +7,11 @@ a time; at most ``max_loaded`` runners stay resident, and the least recently use
 makes room. Memory makes room the same way: a runner starts only when its estimated needs
 (``LoadSpec.memory``) fit in what is available, after idle runners are unloaded if need be; a
 model that cannot fit even with every other runner unloaded is refused before it starts.
+
+Each runner serves up to its ``n_parallel`` requests at once (its engine batches them); the
+others wait here, counted against ``max_queue`` (beyond it: 503). ``n_parallel`` 0 in a load
+spec means automatic: 4 when the runner's memory with four sequences' KV caches fits in what is
+free now, else 1 (Ollama's choice); memory planning counts every sequence's KV cache.
 
 A runner that dies of SIGILL with repacked weights (a CPU or VM that advertises AMX without
 enabling it, see ``engine.cpu``) is started once more without repacking, and every later load
@@ -31,6 +36,7 @@ from modelhub.runtime.runner_process import RunnerProcess
 log = logging.getLogger("modelhub.runtime.scheduler")
 
 FOREVER = math.inf
+AUTO_PARALLEL = 4  # sequences per runner when memory allows and nothing says otherwise
 
 
 @dataclass(frozen=True)
@@ -90,13 +96,20 @@ class Loaded:
     active: int = 0
     expires_at: float = FOREVER
     last_used: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     timer: asyncio.TimerHandle | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    memory: MemoryEstimate = field(default_factory=MemoryEstimate)  # with every sequence's KV
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    running: int = 0
+    queued: int = 0
 
     @property
     def usable(self) -> bool:
         return not self.process.dead
+
+    @property
+    def n_parallel(self) -> int:
+        return int(self.info.get("n_parallel") or 1)
 
 
 class Scheduler:
@@ -108,6 +121,7 @@ class Scheduler:
         max_queue: int = 512,
         memory_limit: int | None = None,
         repack: bool | None = None,
+        num_parallel: int = 0,
         runner_factory: Callable[[str], RunnerProcess] = RunnerProcess,
     ) -> None:
         """``runner_factory(label)`` makes the handle of a runner before it starts (tests use
@@ -119,6 +133,7 @@ class Scheduler:
         self.memory_limit = memory_limit  # bytes all runners together may use (None: the system's)
         self.default_keep_alive = default_keep_alive
         self.max_queue = max_queue
+        self.num_parallel = num_parallel  # for specs that do not say (0: automatic)
         self.runners: dict[tuple[str, Any], Loaded] = {}
         self._load_lock = asyncio.Lock()
         self._changed = asyncio.Condition()
@@ -127,7 +142,7 @@ class Scheduler:
 
     @contextlib.asynccontextmanager
     async def use(self, spec: LoadSpec, keep_alive: float | None) -> AsyncIterator[Loaded]:
-        """Hold the runner for ``spec`` for one request (queued behind others on it)."""
+        """Hold one of the runner's sequences for one request (waiting while all are busy)."""
         if self.waiting >= self.max_queue:
             raise ServerBusyError(
                 "server busy, please try again.  maximum pending requests exceeded"
@@ -135,17 +150,22 @@ class Scheduler:
         self.waiting += 1
         try:
             loaded = await self._acquire(spec, keep_alive)
+            loaded.queued += 1
             try:
-                await loaded.lock.acquire()
+                await loaded.slots.acquire()
             except BaseException:
                 await self._release(loaded)
                 raise
+            finally:
+                loaded.queued -= 1
         finally:
             self.waiting -= 1
+        loaded.running += 1
         try:
             yield loaded
         finally:
-            loaded.lock.release()
+            loaded.running -= 1
+            loaded.slots.release()
             await self._release(loaded)
 
     async def _acquire(self, spec: LoadSpec, keep_alive: float | None) -> Loaded:
@@ -157,10 +177,11 @@ class Scheduler:
                 await self._drop(loaded)
                 loaded = None
             if loaded is None:
-                self._check_fits(spec)  # refuse before unloading anything for it
+                memory, sequences = self._needs(spec)
+                self._check_fits(memory)  # refuse before unloading anything for it
                 await self._replace_same_model(spec)
-                await self._make_room(spec)
-                loaded = await self._load(spec, keep_alive)
+                await self._make_room(spec.name, memory)
+                loaded = await self._load(spec, keep_alive, memory, sequences)
             elif keep_alive is not None:
                 loaded.keep_alive = keep_alive
             loaded.active += 1
@@ -171,8 +192,21 @@ class Scheduler:
             loaded.expires_at = FOREVER
             return loaded
 
-    async def _load(self, spec: LoadSpec, keep_alive: float | None) -> Loaded:
+    def _needs(self, spec: LoadSpec) -> tuple[MemoryEstimate, int]:
+        """The memory ``spec`` needs and its number of sequences (automatic: 4 if that fits
+        in what is free now, else 1)."""
+        asked = int(dict(spec.config).get("n_parallel") or 0) or self.num_parallel
+        if asked <= 0:
+            free = self._free_memory()
+            four = spec.memory.with_sequences(AUTO_PARALLEL)
+            asked = AUTO_PARALLEL if free is None or four.total <= free else 1
+        return spec.memory.with_sequences(asked), asked
+
+    async def _load(
+        self, spec: LoadSpec, keep_alive: float | None, memory: MemoryEstimate, sequences: int
+    ) -> Loaded:
         config = _thaw(spec.config)
+        config["n_parallel"] = sequences
         if self.repack is not None:
             config["repack"] = self.repack
         process = self.runner_factory(spec.name)
@@ -190,8 +224,16 @@ class Scheduler:
         log.info("loaded %s in %.2f s (pid %s)", spec.name, time.monotonic() - started, process.pid)
         self.loads_total += 1
         loaded = Loaded(
-            spec, process, self.default_keep_alive if keep_alive is None else keep_alive, info=info
+            spec,
+            process,
+            self.default_keep_alive if keep_alive is None else keep_alive,
+            info=info,
+            memory=memory,
         )
+        served = loaded.n_parallel  # the engine may serve fewer (MTP drafting: one)
+        if served < sequences:
+            loaded.memory = spec.memory.with_sequences(served)
+        loaded.slots = asyncio.Semaphore(served)
         self.runners[spec.key] = loaded
         return loaded
 
@@ -212,12 +254,13 @@ class Scheduler:
             await self._wait_idle(other)
             await self._drop(other)
 
-    async def _make_room(self, spec: LoadSpec) -> None:
-        """Unload idle runners (least recently used first) until ``spec`` fits in count and in
-        memory; wait for busy ones. Refuse at once what cannot fit even with all unloaded."""
-        need = spec.memory.total
+    async def _make_room(self, name: str, memory: MemoryEstimate) -> None:
+        """Unload idle runners (least recently used first) until ``memory`` fits, and a runner
+        more in count; wait for busy ones. Refuse at once what cannot fit even with all
+        unloaded."""
+        need = memory.total
         while True:
-            self._check_fits(spec)
+            self._check_fits(memory)
             free = self._free_memory()
             short = free is not None and need > free
             if len(self.runners) < self.max_loaded and not short:
@@ -226,18 +269,18 @@ class Scheduler:
             if idle:
                 victim = min(idle, key=lambda r: r.last_used)
                 if short:
-                    log.info("unloading %s to make memory for %s", victim.spec.name, spec.name)
+                    log.info("unloading %s to make memory for %s", victim.spec.name, name)
                 await self._drop(victim)
                 continue
             async with self._changed:
                 await self._changed.wait()
 
-    def _check_fits(self, spec: LoadSpec) -> None:
+    def _check_fits(self, memory: MemoryEstimate) -> None:
         """Refuse a model that cannot fit even with every other runner unloaded."""
-        need, free = spec.memory.total, self._free_memory()
+        need, free = memory.total, self._free_memory()
         if free is None or need <= free:
             return
-        reclaimable = sum(r.spec.memory.total for r in self.runners.values())
+        reclaimable = sum(r.memory.total for r in self.runners.values())
         if need > free + reclaimable:
             raise InsufficientMemoryError(
                 f"model requires more system memory ({gib(need)}) than is available "
@@ -250,11 +293,11 @@ class Scheduler:
         (mapped from their files, those pages count as available but are in use)."""
         loaded = self.runners.values()
         if self.memory_limit is not None:
-            return self.memory_limit - sum(r.spec.memory.total for r in loaded)
+            return self.memory_limit - sum(r.memory.total for r in loaded)
         available = available_bytes()
         if available is None:
             return None
-        return available - sum(r.spec.memory.weights for r in loaded)
+        return available - sum(r.memory.weights for r in loaded)
 
     async def _wait_idle(self, loaded: Loaded) -> None:
         async with self._changed:

@@ -46,7 +46,11 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         sched = st.scheduler
-        body = st.metrics.render(sched.loads_total, len(sched.runners), sched.waiting)
+        per_model: dict[str, tuple[int, int]] = {}
+        for r in sched.runners.values():
+            running, queued = per_model.get(r.spec.name, (0, 0))
+            per_model[r.spec.name] = (running + r.running, queued + r.queued)
+        body = st.metrics.render(sched.loads_total, len(sched.runners), sched.waiting, per_model)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.api_route("/", methods=["GET", "HEAD"])

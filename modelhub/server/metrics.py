@@ -1,4 +1,5 @@
-"""Prometheus metrics: requests, tokens, loads, queue depth, draft proposed/accepted per model."""
+"""Prometheus metrics: requests, tokens, loads, queue depth, running and queued sequences and
+draft proposed/accepted per model."""
 
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ class Metrics:
         self.loads = Gauge("modelhub_model_loads", "Runner loads since start", registry=r)
         self.loaded = Gauge("modelhub_models_loaded", "Runners resident now", registry=r)
         self.queue = Gauge("modelhub_queue_depth", "Requests waiting for a runner", registry=r)
+        self.running = Gauge(
+            "modelhub_sequences_running", "Requests generating now", ["model"], registry=r
+        )
+        self.queued = Gauge(
+            "modelhub_sequences_queued", "Requests waiting for a sequence", ["model"], registry=r
+        )
 
     def record(self, model: str, result: dict[str, Any]) -> None:
         self.prompt_tokens.labels(model).inc(int(result.get("prompt_eval_count") or 0))
@@ -45,10 +52,18 @@ class Metrics:
         self.draft_proposed.labels(model).inc(int(result.get("draft_count") or 0))
         self.draft_accepted.labels(model).inc(int(result.get("draft_accepted_count") or 0))
 
-    def render(self, loads: int, loaded: int, waiting: int) -> bytes:
+    def render(
+        self, loads: int, loaded: int, waiting: int, per_model: dict[str, tuple[int, int]]
+    ) -> bytes:
+        """``per_model``: (running, queued) requests of each loaded model."""
         self.loads.set(loads)
         self.loaded.set(loaded)
         self.queue.set(waiting)
+        self.running.clear()
+        self.queued.clear()
+        for model, (running, queued) in per_model.items():
+            self.running.labels(model).set(running)
+            self.queued.labels(model).set(queued)
         return generate_latest(self.registry)
 
 

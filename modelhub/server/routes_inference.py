@@ -268,6 +268,9 @@ async def ps(request: Request) -> Response:
             "size_vram": 0,
             "context_length": int(loaded.info.get("n_ctx") or config["n_ctx"]),
             "repack": bool(loaded.info.get("repack", True)),
+            "num_parallel": loaded.n_parallel,
+            "running": loaded.running,
+            "queued": loaded.queued,
         }
         if config.get("draft_kind", "none") != "none":
             entry["draft"] = {

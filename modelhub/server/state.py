@@ -34,6 +34,7 @@ class ServerState:
             max_queue=settings.max_queue,
             memory_limit=settings.memory_limit,
             repack=settings.repack,
+            num_parallel=settings.num_parallel,
         )
         return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 

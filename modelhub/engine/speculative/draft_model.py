@@ -44,11 +44,20 @@ class DraftModelDrafter:
         n_threads: int,
         p_min: float = 0.0,
         repack: bool = True,
+        model: LlamaModel | None = None,
     ) -> None:
-        self.model = LlamaModel(path, repack=repack)
+        """``model`` shares weights another drafter loaded (``fork``); it is not closed here."""
+        self._owns_model = model is None
+        self.model = model if model is not None else LlamaModel(path, repack=repack)
+        self._settings = (path, target_vocab, n_ctx, n_batch, n_threads, p_min)
         train = self.model.n_ctx_train
         wanted = min(n_ctx, train) if train > 0 else n_ctx
-        self.ctx = LlamaContext(self.model, n_ctx=wanted, n_batch=n_batch, n_threads=n_threads)
+        try:
+            self.ctx = LlamaContext(self.model, n_ctx=wanted, n_batch=n_batch, n_threads=n_threads)
+        except BaseException:
+            if self._owns_model:
+                self.model.close()
+            raise
         self.n_ctx = min(wanted, self.ctx.n_ctx)  # llama.cpp may round the context up
         self.p_min = p_min
         self.rng = np.random.default_rng()
@@ -57,6 +66,20 @@ class DraftModelDrafter:
         self._logits_ready = False  # the context's last row is the logits of _evaluated[-1]
         self._base = 0  # _evaluated[:_base] is known to match the accepted sequence
         self._warned_full = False
+
+    def fork(self) -> DraftModelDrafter:
+        """A drafter for another sequence: the same weights, a context of its own. Close it
+        before this one."""
+        path, vocab, n_ctx, n_batch, n_threads, p_min = self._settings
+        return DraftModelDrafter(
+            path,
+            target_vocab=vocab,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_threads=n_threads,
+            p_min=p_min,
+            model=self.model,
+        )
 
     def reseed(self, seed: int | None) -> None:
         self.rng = np.random.default_rng(seed)
@@ -140,4 +163,5 @@ class DraftModelDrafter:
 
     def close(self) -> None:
         self.ctx.close()
-        self.model.close()
+        if self._owns_model:
+            self.model.close()

@@ -1,0 +1,191 @@
+"""Continuous batching: every step decodes the rows of every active request in one llama_decode.
+
+A request waits until a slot is free, then takes the free slot whose cache shares the longest
+prefix with its prompt (the least recently used among equals), so a chat's next turn returns to
+the slot that holds its history. Each step:
+
+1. every decoding request plans its round, ``[pending, drafts...]`` (drafting happens here,
+   request by request, and is timed as each one's own cost);
+2. prefilling requests fill what is left of the batch with prompt chunks, in arrival order;
+   while others are decoding a step takes at most ``prefill_share`` prompt tokens, so a long
+   prompt delays running answers by a short chunk per step instead of its whole evaluation;
+3. one ``llama_decode`` evaluates all rows; each request reads its logits rows, verifies,
+   commits and cuts its sequence back (``sequence.Generation``).
+
+A request that ends (stop, length, cancel, error) frees its slot at once; the next waiting one
+takes it at the next step. A failing ``llama_decode`` fails the requests of that step only; the
+others' caches are cut back to where the step started them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from modelhub.engine.sequence import Generation, Slot
+from modelhub.engine.speculative.draft_model import common_prefix
+from modelhub.errors import ModelhubError
+
+if TYPE_CHECKING:
+    from modelhub.engine.generate import Engine
+
+log = logging.getLogger("modelhub.engine")
+T = TypeVar("T")
+
+# While other requests decode, a step evaluates at most this many prompt tokens (when the
+# batch is larger): each running answer waits for one such chunk per step.
+PREFILL_SHARE = 128
+
+
+class BatchLoop:
+    """The thread that runs an engine's requests, several at a time."""
+
+    def __init__(self, engine: Engine, slots: list[Slot]) -> None:
+        self.engine = engine
+        self.slots = slots
+        self.prefill_share = max(1, min(PREFILL_SHARE, engine.ctx.n_batch))
+        self.waiting: collections.deque[Generation] = collections.deque()
+        self.active: list[Generation] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(active, waiting) requests."""
+        with self._cond:
+            return len(self.active), len(self.waiting)
+
+    def submit(self, gen: Generation) -> None:
+        with self._cond:
+            if self._closed:
+                raise ModelhubError("the engine is closed")
+            self.waiting.append(gen)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="batch", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self.waiting and not self.active:
+                    self._cond.wait()
+                if self._closed:
+                    pending = [*self.active, *self.waiting]
+                    self.active, self.waiting = [], collections.deque()
+                    break
+                self._admit()
+            try:
+                self._step()
+            except Exception as exc:  # a bug, not a request's fault: fail them, keep serving
+                log.exception("batch step failed")
+                for gen in self.active:
+                    gen.fail(exc)
+            with self._cond:
+                self.active = [g for g in self.active if g.phase != "done"]
+        for gen in pending:
+            gen.fail(ModelhubError("the model was unloaded while the request ran"))
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots (caller holds the lock)."""
+        while self.waiting:
+            gen = self.waiting[0]
+            if gen.cancelled:  # hung up while queued: never takes a slot
+                self.waiting.popleft()
+                gen.finish_unstarted()
+                continue
+            free = [s for s in self.slots if not s.busy]
+            if not free:
+                return
+            self.waiting.popleft()
+            slot = max(free, key=lambda s: (common_prefix(s.cached, gen.prompt), -s.last_used))
+            try:
+                gen.start(slot)
+            except Exception as exc:
+                gen.fail(exc)
+                continue
+            self.active.append(gen)
+
+    def _step(self) -> None:
+        engine = self.engine
+        n_batch = engine.ctx.n_batch
+        tokens: list[int] = []
+        positions: list[int] = []
+        seqs: list[int] = []
+        outputs: list[bool] = []
+        rounds: list[tuple[Generation, int, int]] = []  # (request, first row, rows)
+        chunks: list[tuple[Generation, list[int], int]] = []  # (request, chunk, its last row)
+
+        decoding = [g for g in self.active if g.phase == "decode"]
+        per_request = max(1, n_batch // max(1, len(decoding)))
+        for gen in decoding:
+            rows = self._guard(gen, gen.plan_round, per_request)
+            if not rows:
+                continue
+            assert gen.slot is not None
+            first = len(tokens)
+            start = len(gen.tokens) - 1
+            tokens.extend(rows)
+            positions.extend(range(start, start + len(rows)))
+            seqs.extend([gen.slot.seq] * len(rows))
+            outputs.extend([len(rows) > 1] * (len(rows) - 1) + [True])
+            rounds.append((gen, first, len(rows)))
+
+        budget = n_batch - len(tokens)
+        if rounds:
+            budget = min(budget, self.prefill_share)
+        for gen in [g for g in self.active if g.phase == "prefill"]:
+            if gen.cancelled:
+                self._guard(gen, gen.finish, "cancel")
+                continue
+            chunk = gen.prefill_chunk(budget)
+            if not chunk:
+                continue
+            assert gen.slot is not None
+            last_prompt_token = gen.next_pos + len(chunk) == len(gen.prompt)
+            tokens.extend(chunk)
+            positions.extend(range(gen.next_pos, gen.next_pos + len(chunk)))
+            seqs.extend([gen.slot.seq] * len(chunk))
+            outputs.extend([False] * (len(chunk) - 1) + [last_prompt_token])
+            chunks.append((gen, chunk, len(tokens) - 1))
+            budget -= len(chunk)
+            if budget <= 0:
+                break
+        if not tokens:
+            return
+
+        t0 = time.perf_counter_ns()
+        try:
+            engine.ctx.decode_rows(tokens, positions, seqs, outputs)
+        except ModelhubError as exc:
+            for gen, *_ in [*rounds, *chunks]:
+                gen.fail(exc)
+            return
+        decode_ns = time.perf_counter_ns() - t0
+        logits = engine.ctx.row_logits
+        for gen, chunk, last_row in chunks:
+            self._guard(gen, gen.after_prefill, chunk, logits, last_row)
+        for gen, first, _n in rounds:
+            self._guard(gen, gen.after_round, logits, first, decode_ns)
+
+    @staticmethod
+    def _guard(gen: Generation, work: Callable[..., T], *args: Any) -> T | None:
+        """Run one request's part of a step; an error fails that request only."""
+        try:
+            return work(*args)
+        except Exception as exc:
+            gen.fail(exc)
+            return None

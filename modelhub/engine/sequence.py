@@ -1,0 +1,339 @@
+"""One request generating in a slot, as steps the batch loop interleaves with other requests'.
+
+A request goes through its prefill (the prompt in chunks, then its last token alone), its first
+token, then draft/verify rounds. The invariant the rounds keep is the one in
+:mod:`modelhub.engine.generate`: the slot's KV sequence holds every accepted token except the
+last, the *pending* token, which opens the next verification batch ``[pending, d1..dK]``. The
+loop asks a request for its rows (:meth:`Generation.prefill_chunk`, :meth:`Generation.plan_round`),
+decodes the rows of every request in one ``llama_decode``, then hands each its logits
+(:meth:`Generation.after_prefill`, :meth:`Generation.after_round`). Nothing a request does
+depends on the others' rows: each sequence has its own KV stream (``llama.LlamaContext``), so
+its output is what it would be alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult
+from modelhub.engine.sampling import Sampler
+from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
+from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.draft_model import common_prefix
+from modelhub.engine.speculative.factory import Preparing, Seeded, TargetObserver
+from modelhub.engine.textstream import Committer
+from modelhub.errors import ModelhubError
+
+if TYPE_CHECKING:
+    from modelhub.engine.generate import Engine
+
+Phase = Literal["waiting", "prefill", "decode", "done"]
+RowLogits = Callable[[int], npt.NDArray[np.float32]]
+OnDone = Callable[[GenerateResult | None, BaseException | None], None]
+
+
+@dataclass
+class Slot:
+    """One of a runner's sequences: its KV sequence id, what that holds, and its drafter."""
+
+    seq: int
+    drafter: Drafter | None
+    cached: list[int] = field(default_factory=list)  # exactly the tokens in its KV sequence
+    ngram: Drafter | None = None  # drafts where a prediction has nothing (made on first use)
+    last_used: float = 0.0
+    busy: bool = False
+
+
+class Generation:
+    """One request: its sampler, stop logic, drafter state, statistics and result."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        prompt: list[int],
+        options: GenerateOptions,
+        sampler: Sampler,
+        committer: Committer,
+        prediction: list[int] | None,
+        on_done: OnDone,
+    ) -> None:
+        self.engine = engine
+        self.prompt = prompt
+        self.options = options
+        self.sampler = sampler
+        self.committer = committer
+        self.prediction = prediction
+        self.on_done = on_done
+        self.phase: Phase = "waiting"
+        self.slot: Slot | None = None
+        self.drafter: Drafter | None = None
+        self.controller: AdaptiveDraftLength | None = None
+        self.k_max = 0
+        self.tokens: list[int] = []  # accepted tokens, the pending one last
+        self.next_pos = 0  # the next prompt position to prefill
+        self.reused = 0
+        self.t_start = self.t_prefilled = 0
+        self.result: GenerateResult | None = None
+        # The round in flight: its rows and timings.
+        self._drafts: list[int] = []
+        self._q: npt.NDArray[np.float32] | None = None
+        self._k = 0
+        self._t_round = self._t_prep = self._t_drafted = 0
+
+    @property
+    def cancelled(self) -> bool:
+        return self.committer.cancelled()
+
+    # ---- start ---------------------------------------------------------------------------------
+    def start(self, slot: Slot) -> None:
+        """Take ``slot``: keep the prefix its cache shares with the prompt, drop the rest."""
+        engine, self.slot = self.engine, slot
+        slot.busy = True
+        self.drafter, self.k_max = engine.request_drafter(slot, self.options, self.prediction)
+        prompt = self.prompt
+        reuse = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
+        if reuse < len(slot.cached):
+            if not engine.ctx.truncate(reuse, slot.seq):
+                engine.ctx.clear_seq(slot.seq)
+                reuse = 0
+            del slot.cached[reuse:]
+        if isinstance(slot.drafter, TargetObserver):
+            resume = slot.drafter.rollback(reuse)
+            if resume < reuse:  # it needs hidden states from earlier positions: replay them
+                engine.ctx.truncate(resume, slot.seq)
+                del slot.cached[resume:]
+                reuse = resume
+        self.reused = self.next_pos = reuse
+        self.t_start = time.perf_counter_ns()
+        self.phase = "prefill"
+
+    # ---- prefill -------------------------------------------------------------------------------
+    def prefill_chunk(self, budget: int) -> list[int]:
+        """The next prompt tokens to evaluate, at most ``budget``: everything but the last
+        token in chunks, then the last token alone, so its logits (the first generated token)
+        come from a one-row evaluation of this sequence whatever was cached."""
+        last = len(self.prompt) - 1
+        if self.next_pos < last:
+            return self.prompt[self.next_pos : min(self.next_pos + budget, last)]
+        return [self.prompt[last]] if budget > 0 else []
+
+    def after_prefill(self, chunk: list[int], logits: RowLogits, row: int) -> None:
+        """``chunk`` is in the cache; after the last prompt token, emit the first token from
+        its logits (``logits(row)``)."""
+        assert self.slot is not None
+        start = self.next_pos
+        self.slot.cached.extend(chunk)
+        self.next_pos += len(chunk)
+        if isinstance(self.slot.drafter, TargetObserver):
+            self.slot.drafter.observe_target(chunk, start)
+        if self.next_pos < len(self.prompt):
+            return
+        self.t_prefilled = time.perf_counter_ns()
+        self._new_result()
+        if self.cancelled:
+            self.finish("cancel")
+            return
+        if self.options.num_predict == 0:
+            self.finish("length")
+            return
+        first = self.sampler.sample(logits(row), self.prompt)
+        self.sampler.accept(first)
+        self.tokens = [*self.prompt, first]
+        drafter = self.drafter
+        if drafter is not None:
+            if isinstance(drafter, Seeded):
+                seed = self.options.seed
+                drafter.reseed(None if seed is None or seed < 0 else seed + 1)
+            drafter.begin(self.prompt)
+            self.controller = self.engine.controller(drafter.kind, self.k_max)
+        self.phase = "decode"
+        if not self.committer.commit(first, drafted=False):
+            self.finish(self.committer.done or "stop")
+
+    def _new_result(self) -> None:
+        now = self.t_prefilled or time.perf_counter_ns()
+        evaluated = len(self.slot.cached) - self.reused if self.slot is not None else 0
+        self.result = GenerateResult(
+            tokens=[],
+            text="",
+            done_reason="stop",
+            prompt_eval_count=evaluated,
+            prompt_eval_duration_ns=now - (self.t_start or now),
+            eval_count=0,
+            eval_duration_ns=0,
+            drafter=self.drafter.kind if self.drafter is not None else None,
+        )
+
+    # ---- rounds --------------------------------------------------------------------------------
+    def plan_round(self, max_rows: int) -> list[int] | None:
+        """The rows of this round, ``[pending, drafts...]`` (at most ``max_rows``); None when
+        the request ended instead (cancelled, or the context is full)."""
+        if self.cancelled:
+            self.finish("cancel")
+            return None
+        n_past = len(self.tokens) - 1
+        room = self.engine.n_ctx - n_past  # positions left for [pending, drafts...]
+        if room < 1:
+            self.finish("length")
+            return None
+        controller = self.controller
+        k = controller.next_k() if controller is not None else 0
+        k = min(k, self.k_max, room - 1, max_rows - 1)
+        remaining = self.committer.remaining
+        if remaining is not None:
+            k = min(k, remaining - 1)
+        self._k = k = max(k, 0)
+        self._t_round = self._t_prep = time.perf_counter_ns()
+        self._drafts, self._q = [], None
+        if self.drafter is not None and k > 0:
+            self._propose(self.drafter, k)
+        self._t_drafted = time.perf_counter_ns()
+        return [self.tokens[-1], *self._drafts]
+
+    def _propose(self, drafter: Drafter, k: int) -> None:
+        """Up to ``k`` drafts (none when fewer than ``draft_min`` are left) and their draft
+        distributions if the drafter gave them."""
+        if isinstance(drafter, Preparing):
+            drafter.prepare(self.tokens)
+        self._t_prep = time.perf_counter_ns()
+        sampler, options = self.sampler, self.options
+        deterministic = sampler.greedy or options.sampling_verify == "compare"
+        proposal = drafter.propose(self.tokens, k, None if deterministic else sampler.probs)
+        drafts = [int(t) for t in proposal.tokens[:k]]
+        if proposal.confidence is not None and self.controller is not None:
+            drafts = drafts[: self.controller.cut(proposal.confidence[: len(drafts)])]
+        q = proposal.probs[: len(drafts)] if proposal.probs is not None else None
+        if len(drafts) < max(1, self.engine.cfg.draft_min):
+            drafts, q = [], None
+        self._drafts, self._q = drafts, q
+
+    def after_round(self, logits: RowLogits, first_row: int, decode_ns: int) -> None:
+        """The round's rows were decoded (taking ``decode_ns`` in the batch): verify, commit,
+        cut the cache back and report the round."""
+        assert self.slot is not None and self.result is not None
+        slot, drafts, tokens = self.slot, self._drafts, self.tokens
+        n_past = len(tokens) - 1
+        batch = [tokens[-1], *drafts]
+        slot.cached.extend(batch)  # the cache now holds the whole batch
+        if isinstance(slot.drafter, TargetObserver):
+            slot.drafter.observe_target(batch, n_past)
+        t_verify = time.perf_counter_ns()
+        new, accepted = self._verify(logits, first_row)
+        kept = self._commit(new, accepted)
+        t_done = time.perf_counter_ns()
+        if isinstance(slot.drafter, TargetObserver):
+            slot.drafter.rollback(len(tokens) - 1)
+        if self.drafter is not None:
+            self.drafter.commit(tokens)
+        verify_ns = decode_ns + t_done - t_verify
+        result = self.result
+        if drafts:
+            result.draft_count += len(drafts)
+            result.draft_accepted_count += min(accepted, kept)
+            result.draft_steps += 1
+            result.draft_time_ns += self._t_drafted - self._t_round
+            result.verify_time_ns += verify_ns
+        if self.controller is not None:
+            self.controller.record(
+                self._k,
+                len(drafts),
+                accepted,
+                draft_seconds=(self._t_drafted - self._t_prep) / 1e9,
+                verify_seconds=verify_ns / 1e9,
+                prepare_seconds=(self._t_prep - self._t_round) / 1e9,
+            )
+        if self.committer.done is not None:
+            self.finish(self.committer.done)
+
+    def _verify(self, logits: RowLogits, first_row: int) -> tuple[list[int], int]:
+        """The tokens this round emits and how many of them are accepted drafts. Row i is the
+        target's prediction after row i's token; greedy keeps the drafts equal to its choice,
+        sampling uses rejection sampling, so the output is the target's own either way."""
+        sampler, options, drafts, q = self.sampler, self.options, self._drafts, self._q
+        if not drafts:
+            return [sampler.sample(logits(first_row), self.tokens)], 0
+        new: list[int] = []
+        history = list(self.tokens)
+        for i in range(len(drafts) + 1):
+            row = logits(first_row + i)
+            if i == len(drafts):
+                new.append(sampler.sample(row, history))
+                break
+            draft = drafts[i]
+            if sampler.greedy or options.sampling_verify == "compare":
+                chosen = sampler.sample(row, history)
+                accepted = chosen == draft
+            else:
+                p = sampler.probs(row, history)
+                accepted, chosen = options.acceptance_rule(
+                    p, None if q is None else q[i], draft, sampler.rng
+                )
+            new.append(chosen)
+            if not accepted:
+                break
+            history.append(draft)
+        return new, len(new) - 1
+
+    def _commit(self, new: Sequence[int], accepted: int) -> int:
+        """Commit the round's tokens in order and cut the cache back; returns how many."""
+        assert self.slot is not None
+        slot, tokens = self.slot, self.tokens
+        n_past = len(tokens) - 1
+        count = 0
+        for i, token in enumerate(new):
+            count += 1
+            self.sampler.accept(token)
+            if not self.committer.commit(token, drafted=i < accepted):
+                break
+        tokens.extend(new[:count])
+        keep = n_past + count  # pending + the committed tokens except the new pending
+        if len(slot.cached) > keep:
+            if not self.engine.ctx.truncate(keep, slot.seq):
+                self.engine.ctx.clear_seq(slot.seq)
+                slot.cached.clear()
+                raise ModelhubError("the target's cache could not be rolled back; it was reset")
+            del slot.cached[keep:]
+        return count
+
+    # ---- end -----------------------------------------------------------------------------------
+    def finish(self, reason: DoneReason) -> None:
+        if self.phase == "done":
+            return
+        if self.result is None:
+            self._new_result()
+        assert self.result is not None
+        result, committer = self.result, self.committer
+        result.text = committer.finish()
+        result.tokens = committer.generated
+        result.eval_count = len(committer.generated)
+        start = self.t_prefilled or time.perf_counter_ns()
+        result.eval_duration_ns = time.perf_counter_ns() - start
+        result.done_reason = reason
+        self._release()
+        self.on_done(result, None)
+
+    def finish_unstarted(self) -> None:
+        """Cancelled while waiting for a slot: nothing was evaluated."""
+        self.finish("cancel")
+
+    def fail(self, error: BaseException) -> None:
+        """The request cannot go on: its slot's cache is forgotten (it may be half-updated)."""
+        if self.phase == "done":
+            return
+        if self.slot is not None:
+            self.engine.ctx.clear_seq(self.slot.seq)
+            self.slot.cached.clear()
+        self._release()
+        self.on_done(None, error)
+
+    def _release(self) -> None:
+        self.phase = "done"
+        if self.slot is not None:
+            self.slot.busy = False
+            self.slot.last_used = time.monotonic()
