@@ -3,6 +3,7 @@
     python bench/serving.py [--model smollm2-q4_1|smollm2-q8_0|PATH ...] [--threads 2]
                             [--num-ctx 2048] [--num-predict 128] [--repeats 5] [--prompts 3]
                             [--llama-server PATH] [--candidate PYTHONPATH] [--out results.json]
+                            [--concurrency [--clients 1,2,4,8] [--per-client 2]]
 
 One run, one GGUF at a time, the same thread count, context size, prompts and greedy decoding
 with a fixed ``num_predict`` for every configuration:
@@ -43,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -92,6 +93,7 @@ class Settings:
     threads: int
     num_ctx: int
     num_predict: int
+    parallel: int = 4  # sequences per model, in-process and in the daemon (its default)
 
 
 class Target(Protocol):
@@ -125,7 +127,12 @@ class InProcess:
         from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions
 
         self.engine = Engine(
-            EngineConfig(model_path=model, n_ctx=settings.num_ctx, n_threads=settings.threads)
+            EngineConfig(
+                model_path=model,
+                n_ctx=settings.num_ctx,
+                n_threads=settings.threads,
+                n_parallel=settings.parallel,
+            )
         )
         self.options = GenerateOptions(num_predict=settings.num_predict, temperature=0.0)
 
@@ -223,7 +230,11 @@ class DaemonTarget:
 
         self.name = name
         self.settings = settings
-        env = {"MODELHUB_KEEP_ALIVE": "-1", "MODELHUB_NUM_THREADS": str(settings.threads)}
+        env = {
+            "MODELHUB_KEEP_ALIVE": "-1",
+            "MODELHUB_NUM_THREADS": str(settings.threads),
+            "MODELHUB_NUM_PARALLEL": str(settings.parallel),
+        }
         if pythonpath is not None:
             env["PYTHONPATH"] = pythonpath
         workdir.mkdir(parents=True, exist_ok=True)
@@ -334,17 +345,29 @@ def _free_port() -> int:
 class LlamaServer:
     name = "llama-server"
 
-    def __init__(self, binary: Path, model: Path, settings: Settings, log: Path) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        settings: Settings,
+        log: Path,
+        *,
+        slots: int = 1,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        """``slots`` parallel sequences of ``num_ctx`` each; ``extra`` arguments (drafting)."""
         self.settings = settings
         port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
         threads = str(settings.threads)
         cmd = [
             str(binary),
             *("-m", str(model)),
             *("--host", "127.0.0.1", "--port", str(port)),
             *("-t", threads, "-tb", threads),
-            *("-c", str(settings.num_ctx), "-b", "512", "-ub", "512", "-np", "1"),
+            *("-c", str(settings.num_ctx * slots), "-b", "512", "-ub", "512", "-np", str(slots)),
             *("-fa", "on", "--no-webui", "-cram", "0"),
+            *extra,
         ]
         self.log = log
         env = dict(os.environ)
@@ -507,6 +530,71 @@ def bench_model(model: Path, settings: Settings, args: argparse.Namespace) -> di
     return result
 
 
+def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    """The concurrency section (bench/concurrency.py): daemons with 4 and 1 sequences, and
+    llama-server with 4 slots, plain and with n-gram drafting."""
+    import concurrency as conc
+
+    prompts = [CHATML.format(p) for p in PROMPTS[: args.prompts]]
+    options = {"num_ctx": settings.num_ctx, "num_thread": settings.threads}
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-concurrency-") as tmp:
+        work = Path(tmp)
+        print(f"\n== {model.name}: concurrency ...", flush=True)
+        servers, daemons = [], {}
+        for n in (4, 1):
+            d = DaemonTarget(model, replace(settings, parallel=n), work / f"np{n}")
+            stack.callback(d.close)
+            daemons[n] = d
+            ask = conc.daemon_ask(d.daemon.url, d.model_name, settings.num_predict, options)
+            servers.append(conc.Server(f"daemon np={n}", ask))
+        if args.llama_server is not None:
+            server = LlamaServer(args.llama_server, model, settings, work / "ls4.log", slots=4)
+            stack.callback(server.close)
+            ask = conc.llama_server_ask(server.url, settings.num_predict)
+            servers.append(conc.Server("llama-server np=4", ask))
+        section = conc.run_section(
+            servers, prompts, args.clients, args.per_client, args.ttft_trials
+        )
+        # n-gram drafting at 4 clients on the edit prompt (its best case).
+        d4 = daemons[4]
+        r = d4.client.post(
+            "/api/create",
+            json={"model": "bench-ngram", "from": d4.model_name, "draft": "ngram", "stream": False},
+        )
+        if r.status_code != 200:
+            raise RuntimeError(f"/api/create (DRAFT ngram) failed ({r.status_code}): {r.text}")
+        drafting = [
+            conc.Server(
+                "daemon np=4 DRAFT ngram",
+                conc.daemon_ask(d4.daemon.url, "bench-ngram", settings.num_predict, options),
+            )
+        ]
+        if args.llama_server is not None:
+            server = LlamaServer(
+                args.llama_server,
+                model,
+                settings,
+                work / "ls4-ngram.log",
+                slots=4,
+                extra=("--spec-type", "ngram-mod"),
+            )
+            stack.callback(server.close)
+            drafting.append(
+                conc.Server(
+                    "llama-server np=4 ngram-mod",
+                    conc.llama_server_ask(server.url, settings.num_predict),
+                )
+            )
+        edit = conc.edit_prompt()
+        for s in drafting:
+            s.ask(edit)
+            section["aggregate"][s.name] = {"4": conc.aggregate(s.ask, [edit], 4, args.per_client)}
+            print(f"   {s.name}: 4 clients done", flush=True)
+    section["goals"] = conc.ratios(section)
+    section["model"] = model.name
+    return section
+
+
 def report(
     model: Path,
     samples: dict[str, list[Sample]],
@@ -645,6 +733,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run a second daemon with this PYTHONPATH (a patched copy of modelhub, extra "
         "packages) and measure it as 'candidate' beside 'daemon'",
     )
+    parser.add_argument(
+        "--concurrency",
+        action="store_true",
+        help="also run the concurrency section (bench/concurrency.py) on the first model",
+    )
+    parser.add_argument(
+        "--clients",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 2, 4, 8],
+        help="client counts of the concurrency section (default 1,2,4,8)",
+    )
+    parser.add_argument("--per-client", type=int, default=2, help="requests per client")
+    parser.add_argument("--ttft-trials", type=int, default=10)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     for name in ("threads", "num_ctx", "num_predict", "repeats"):
@@ -672,10 +773,16 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = Settings(args.threads, args.num_ctx, args.num_predict)
     results: dict[str, Any] = {"conditions": conditions(args, settings), "models": []}
-    for model in list(_models(args)):
+    models = list(_models(args))
+    for model in models:
         result = bench_model(model, settings, args)
         results["models"].append(result)
         print_table(result)
+    if args.concurrency:
+        import concurrency as conc
+
+        results["concurrency"] = bench_concurrency(models[0], settings, args)
+        conc.print_section(results["concurrency"])
     results["conditions"]["load_average_after"] = os.getloadavg()
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

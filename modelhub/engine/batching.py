@@ -1,8 +1,10 @@
 """Continuous batching: every step decodes the rows of every active request in one llama_decode.
 
 A request waits until a slot is free, then takes the free slot whose cache shares the longest
-prefix with its prompt (the least recently used among equals), so a chat's next turn returns to
-the slot that holds its history. Each step:
+prefix with its prompt, so a chat's next turn returns to the slot that holds its history; a
+prefix that would throw away most of a slot's cache (a shared chat header, a system prompt
+before another conversation) does not count, and the least recently used slot is taken
+instead. Each step:
 
 1. every decoding request plans its round, ``[pending, drafts...]`` (drafting happens here,
    request by request, and is timed as each one's own cost);
@@ -111,7 +113,7 @@ class BatchLoop:
             if not free:
                 return
             self.waiting.popleft()
-            slot = max(free, key=lambda s: (common_prefix(s.cached, gen.prompt), -s.last_used))
+            slot = max(free, key=lambda s: (_reuse(s, gen.prompt), -s.last_used))
             try:
                 gen.start(slot)
             except Exception as exc:
@@ -189,3 +191,10 @@ class BatchLoop:
         except Exception as exc:
             gen.fail(exc)
             return None
+
+
+def _reuse(slot: Slot, prompt: list[int]) -> int:
+    """How many cached tokens of ``slot`` the prompt would reuse; 0 when that would discard
+    more than half of what the slot holds (another conversation's history)."""
+    shared = common_prefix(slot.cached, prompt)
+    return shared if 2 * shared >= len(slot.cached) else 0

@@ -1,0 +1,153 @@
+"""Continuous batching in the engine: several requests decoded together, each one's greedy output
+token-identical to the same request served alone (plain, n-gram and draft-model drafting), at
+most ``n_parallel`` running at once, cancellation of one leaving the others alone, and a chat's
+next turn returning to the slot that holds its history."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from devtools.realmodels import smollm2_q4_1, smollm2_q8_0
+from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions, GenerateResult
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "What is the capital of France?",
+    "Explain gravity in one sentence.",
+    "Name a color and describe it.",
+    "Write a limerick about a cat.",
+    "Count from one to ten in words.",
+    "Say hello in Spanish and in French.",
+]
+N_TOKENS = 48
+
+
+def greedy(n: int = N_TOKENS) -> GenerateOptions:
+    return GenerateOptions(temperature=0.0, num_predict=n)
+
+
+def _engine(**kw: object) -> Engine:
+    cfg = EngineConfig(smollm2_q8_0(), n_ctx=1024, n_threads=2, n_parallel=4, **kw)  # type: ignore[arg-type]
+    return Engine(cfg)
+
+
+def _prompts(engine: Engine) -> list[list[int]]:
+    return [
+        engine.tokenize(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
+        for q in QUESTIONS
+    ]
+
+
+def _concurrently(
+    engine: Engine, prompts: list[list[int]], options: GenerateOptions
+) -> tuple[list[GenerateResult], int, int]:
+    """Run every prompt from its own thread at once; returns the results and the most requests
+    seen running and waiting at the same time."""
+    results: list[GenerateResult | None] = [None] * len(prompts)
+    seen = [0, 0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            running, waiting = engine.load
+            seen[0], seen[1] = max(seen[0], running), max(seen[1], waiting)
+            time.sleep(0.005)
+
+    def run(i: int) -> None:
+        results[i] = engine.generate(prompts[i], options)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    watcher.join()
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None], seen[0], seen[1]
+
+
+@pytest.fixture(scope="module", params=["plain", "ngram", "draft_model"])
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    kw: dict[str, object] = {}
+    if request.param == "ngram":
+        kw = {"draft_kind": "ngram", "draft_num_predict": 8}
+    elif request.param == "draft_model":
+        kw = {"draft_kind": "draft_model", "draft_path": smollm2_q4_1(), "draft_num_predict": 4}
+    with _engine(**kw) as e:
+        assert e.n_parallel == 4 and len(e.slots) == 4
+        yield e
+
+
+def test_eight_at_once_equal_each_alone(engine: Engine) -> None:
+    prompts = _prompts(engine)
+    alone = [engine.generate(p, greedy()) for p in prompts]
+    together, running, waiting = _concurrently(engine, prompts, greedy())
+    for a, b in zip(alone, together, strict=True):
+        assert b.tokens == a.tokens and b.done_reason == a.done_reason
+    assert running == 4 and waiting >= 1  # four ran while the others waited
+    if engine.drafter is not None:
+        assert sum(r.draft_count for r in together) > 0
+        assert sum(r.draft_accepted_count for r in together) > 0
+    assert engine.load == (0, 0)
+
+
+def test_cancelling_one_leaves_the_others_alone(engine: Engine) -> None:
+    prompts = _prompts(engine)[:4]
+    alone = [engine.generate(p, greedy()) for p in prompts]
+    cancel = threading.Event()
+    results: list[GenerateResult | None] = [None] * 4
+    seen: list[object] = []
+
+    def cancel_after_five(event: object) -> None:
+        seen.append(event)
+        if len(seen) == 5:
+            cancel.set()
+
+    def run(i: int) -> None:
+        if i == 1:
+            results[i] = engine.generate(
+                prompts[i], greedy(), on_token=cancel_after_five, cancel=cancel
+            )
+        else:
+            results[i] = engine.generate(prompts[i], greedy())
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = [r for r in results if r is not None]
+    assert len(got) == 4
+    assert got[1].done_reason == "cancel" and len(got[1].tokens) < N_TOKENS
+    assert got[1].tokens == alone[1].tokens[: len(got[1].tokens)]
+    for i in (0, 2, 3):
+        assert got[i].tokens == alone[i].tokens
+
+
+def test_a_chat_returns_to_its_slot() -> None:
+    with _engine() as e:
+        prompts = _prompts(e)
+        first = e.generate(prompts[0], greedy(16))
+        # three other conversations take the other slots meanwhile
+        _concurrently(e, prompts[1:4], greedy(8))
+        follow = (
+            prompts[0]
+            + first.tokens
+            + e.tokenize(
+                "<|im_end|>\n<|im_start|>user\nAnd another one.<|im_end|>\n<|im_start|>assistant\n",
+                add_special=False,
+            )
+        )
+        again = e.generate(follow, greedy(8))
+        assert again.prompt_eval_count < 20  # only the new turn was evaluated
+        assert again.prompt_eval_count < len(follow) - len(prompts[0])
