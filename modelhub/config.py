@@ -2,9 +2,9 @@
 
 Variables follow Ollama's, renamed: MODELHUB_HOST, MODELHUB_MODELS, MODELHUB_KEEP_ALIVE,
 MODELHUB_ORIGINS, MODELHUB_MAX_LOADED_MODELS, MODELHUB_NUM_PARALLEL, MODELHUB_NUM_THREADS,
-MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART, plus MODELHUB_MEMORY_LIMIT and MODELHUB_REPACK. The
-YAML file (``config.yaml`` in the platformdirs config dir, or MODELHUB_CONFIG) uses the same
-names in lower case without the prefix.
+MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART, MODELHUB_KV_CACHE_TYPE (OLLAMA_KV_CACHE_TYPE), plus
+MODELHUB_MEMORY_LIMIT and MODELHUB_REPACK. The YAML file (``config.yaml`` in the platformdirs
+config dir, or MODELHUB_CONFIG) uses the same names in lower case without the prefix.
 """
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ class Settings:
     origins: tuple[str, ...] = ()
     max_loaded_models: int = 3
     num_parallel: int = 0  # sequences per loaded model (0: 4 when memory allows, else 1)
+    kv_cache_type: str = "auto"  # auto (exact on CPU), f16, q8_0, q4_0
     num_threads: int = 0
     max_queue: int = 512
     noprune: bool = False
@@ -190,6 +191,7 @@ class Settings:
             no_autostart=_bool(get("MODELHUB_NO_AUTOSTART")),
             memory_limit=_size(get("MODELHUB_MEMORY_LIMIT")),
             repack=_tristate("MODELHUB_REPACK", get("MODELHUB_REPACK")),
+            kv_cache_type=_kv_cache_type(get("MODELHUB_KV_CACHE_TYPE")),
         )
 
 
@@ -203,6 +205,16 @@ def _tristate(name: str, value: str | None) -> bool | None:
     if text in ("0", "f", "false", "no", "off"):
         return False
     raise InputError(f"{name}={value!r}: use auto, on or off")
+
+
+KV_CACHE_TYPES = ("auto", "f16", "q8_0", "q4_0")
+
+
+def _kv_cache_type(value: str | None) -> str:
+    text = _clean(value or "").lower() or "auto"
+    if text not in KV_CACHE_TYPES:
+        raise InputError(f"MODELHUB_KV_CACHE_TYPE={value!r}: use {', '.join(KV_CACHE_TYPES)}")
+    return text
 
 
 def _size(value: str | None) -> int | None:

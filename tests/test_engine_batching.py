@@ -151,3 +151,52 @@ def test_a_chat_returns_to_its_slot() -> None:
         again = e.generate(follow, greedy(8))
         assert again.prompt_eval_count < 20  # only the new turn was evaluated
         assert again.prompt_eval_count < len(follow) - len(prompts[0])
+
+
+def _row_differences(kv_cache_type: str) -> list[float]:
+    """Largest logit difference between a one-row decode and the same token decoded first in
+    batches of 2 and 64 rows, at 300 and 600 cached tokens."""
+    from modelhub.engine.llama import LlamaContext, LlamaModel
+
+    model = LlamaModel(smollm2_q8_0())
+    ctx = LlamaContext(model, n_ctx=1024, n_batch=512, n_threads=2, kv_cache_type=kv_cache_type)
+    try:
+        text = model.tokenize("The quick brown fox jumps over the lazy dog. " * 80)
+        out = []
+        for n in (300, 600):
+            ctx.clear()
+            ctx.decode_chunked(text[: n - 1], 0, logits_last=False)
+            ctx.decode([text[n - 1]], n - 1, "last")
+            one = ctx.last_logits().copy()
+            for rows in (2, 64):
+                ctx.truncate(n - 1)
+                ctx.decode(text[n - 1 : n - 1 + rows], n - 1, "all")
+                out.append(float(abs(ctx.logits()[0] - one).max()))
+        return out
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_the_default_kv_cache_keeps_every_batch_shape_bit_identical() -> None:
+    """Past 256 cached tokens llama.cpp's CPU attention takes other paths for one row (split
+    KV) and for 64+ rows (tiled) when keys and values are F16; the default KV cache type (Q8_0
+    keys) keeps one kernel, so drafting and batching stay exact on long contexts."""
+    assert max(_row_differences(EngineConfig(smollm2_q8_0()).kv_cache_type)) == 0.0
+    assert max(_row_differences("f16")) > 0.0  # why F16 keys are not the default
+
+
+def test_a_long_answer_under_load_equals_it_alone() -> None:
+    """400 tokens (well past 256 cached) with n-gram drafting, among three other requests."""
+    with _engine(draft_kind="ngram", draft_num_predict=8) as e:
+        prompts = _prompts(e)
+        story = e.tokenize(
+            "<|im_start|>user\nWrite a very long story about a lighthouse keeper.<|im_end|>\n"
+            "<|im_start|>assistant\n"
+        )
+        with _engine() as plain:
+            alone = plain.generate(story, greedy(400))
+        got, running, _ = _concurrently(e, [story, *prompts[:3]], greedy(400))
+        assert running == 4
+        assert got[0].tokens == alone.tokens and len(alone.tokens) > 300
+        assert got[0].draft_count > 0

@@ -46,9 +46,20 @@ def test_greedy_matches_llama_cpp_python(engine: Engine, target: Path) -> None:
     """An independent oracle: llama-cpp-python's own generation on the same file."""
     from llama_cpp import Llama
 
+    from modelhub.engine.llama import KV_TYPES
+
     prompt = engine.tokenize(chat("Name three colours of the rainbow."))
     ours = engine.generate(prompt, greedy(40))
-    llm = Llama(str(target), n_ctx=1024, n_threads=2, flash_attn=True, verbose=False)
+    type_k, type_v = KV_TYPES[engine.cfg.kv_cache_type]
+    llm = Llama(
+        str(target),
+        n_ctx=1024,
+        n_threads=2,
+        flash_attn=True,
+        type_k=type_k,
+        type_v=type_v,
+        verbose=False,
+    )
     try:
         theirs = llm.create_completion(prompt, max_tokens=40, temperature=0.0, top_k=1)
     finally:

@@ -30,6 +30,7 @@ def test_parameter_types_cover_ollama_and_draft_knobs() -> None:
         "num_gpu",
         "main_gpu",
         "num_thread",
+        "num_parallel",
         "draft_num_predict",
         "num_keep",
         "seed",

@@ -24,6 +24,7 @@ Environment:
   MODELHUB_NOPRUNE            Keep unreferenced blobs when overwriting a model
   MODELHUB_MEMORY_LIMIT       Memory all loaded models may use together (e.g. "8GiB")
   MODELHUB_REPACK             CPU weight repacking: auto (default), on or off
+  MODELHUB_KV_CACHE_TYPE      KV cache type: auto (default: exact drafting on CPU), f16, q8_0, q4_0
   MODELHUB_CONFIG             YAML settings file (default: config.yaml in the user config dir)
 """
 

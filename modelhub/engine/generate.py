@@ -99,6 +99,7 @@ class Engine:
                 n_batch=cfg.n_batch,
                 n_threads=self.n_threads,
                 n_seq=self.n_parallel,
+                kv_cache_type=cfg.kv_cache_type,
             )
         except BaseException:
             self.model.close()

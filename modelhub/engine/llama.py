@@ -30,6 +30,19 @@ log = logging.getLogger("modelhub.llama")
 
 LogitsMode = Literal["none", "last", "all"]
 
+# KV cache types (keys, values) by setting name. llama.cpp's CPU flash attention takes a split-KV
+# path for a single query over 512+ cells and a tiled path for 64+ queries of one sequence,
+# but only when keys and values are both F16/F32; those paths sum in other orders, so a
+# one-row and a many-row decode of the same token then differ in the last bits (measured up to
+# 0.6 in a logit past 256 cached tokens). Q8_0 keys with F16 values keep every batch on the one
+# kernel, bit-identical, at no measured speed cost on CPU: that is ``auto``.
+KV_TYPES: dict[str, tuple[int, int]] = {
+    "auto": (llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_F16),
+    "f16": (llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F16),
+    "q8_0": (llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q8_0),
+    "q4_0": (llama_cpp.GGML_TYPE_Q4_0, llama_cpp.GGML_TYPE_Q4_0),
+}
+
 _backend_lock = threading.Lock()
 _backend_ready = False
 _recent_messages: collections.deque[str] = collections.deque(maxlen=12)
@@ -301,8 +314,12 @@ class LlamaContext:
         ctx_other: LlamaContext | None = None,
         n_outputs_max: int = 0,
         n_seq: int = 1,
+        kv_cache_type: str | None = None,
     ) -> None:
+        """``kv_cache_type``: a ``KV_TYPES`` name (None: llama.cpp's default, F16)."""
         params = llama_cpp.llama_context_default_params()
+        if kv_cache_type is not None:
+            params.type_k, params.type_v = KV_TYPES[kv_cache_type]
         params.n_ctx = n_ctx * n_seq
         params.n_batch = n_batch
         params.n_ubatch = n_batch

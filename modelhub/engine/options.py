@@ -32,7 +32,9 @@ class EngineConfig:
     ``repack`` lets ggml repack weights into its extra CPU buffer types (AMX, AVX-512/NEON
     layouts); None decides per machine (``cpu.repack_default``), False is the SIGILL fallback.
     ``n_parallel`` sequences run at once, each with ``n_ctx`` positions of its own (MTP
-    drafting serves one).
+    drafting serves one). ``kv_cache_type`` is the target's KV cache type: ``auto`` (keys Q8_0,
+    values F16: the CPU attention kernel then is the same for every batch shape, see
+    ``llama.KV_TYPES``), or ``f16``, ``q8_0``, ``q4_0`` for both.
     """
 
     model_path: Path
@@ -49,6 +51,7 @@ class EngineConfig:
     draft_n_ctx: int = 0
     repack: bool | None = None
     n_parallel: int = 1
+    kv_cache_type: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,10 @@ def validate_config(cfg: EngineConfig) -> None:
             f"{cfg.draft_num_predict + 1} (the pending token plus every draft in one batch); "
             f"num_batch is {cfg.n_batch}"
         )
+    from modelhub.engine.llama import KV_TYPES
+
+    if cfg.kv_cache_type not in KV_TYPES:
+        raise InputError(f"kv_cache_type {cfg.kv_cache_type!r} is not one of {', '.join(KV_TYPES)}")
     if not 0.0 <= cfg.draft_p_min <= 1.0:
         raise InputError(f"draft_p_min={cfg.draft_p_min} must be between 0 and 1")
     if cfg.draft_kind == "draft_model" and cfg.draft_path is None:

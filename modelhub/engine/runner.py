@@ -13,7 +13,7 @@ daemon -> runner
   {"op": "shutdown"}
 runner -> daemon
   {"event": "loaded", "pid": n, "n_ctx": n, "rss": bytes, "repack": bool, "repack_reason": "...",
-   "n_parallel": n}
+   "n_parallel": n, "kv_cache_type": "..."}
   {"event": "load_error", "message": "...", "kind": "invalid_request" | ...}
   {"id": "...", "event": "prompt", "prompt_tokens": n}          (generation started)
   {"id": "...", "event": "token", "text": "...", "drafted": bool}
@@ -122,6 +122,7 @@ class Runner:
                 "repack": self.engine.repack.enabled,
                 "repack_reason": self.engine.repack.reason,
                 "n_parallel": self.engine.n_parallel,
+                "kv_cache_type": self.engine.cfg.kv_cache_type,
             }
         )
 

@@ -5,8 +5,8 @@ is refused with a message instead of being killed by the OS halfway through load
 the machine down with it). It counts, for the target and for a draft model alike:
 
 - the weights (the file's size: llama.cpp maps them whole);
-- the KV cache at the context size: layers x context x (key + value width) x 2 bytes (F16), once
-  per parallel sequence (``with_sequences``);
+- the KV cache at the context size: layers x context x (key + value width) x 2 bytes (F16),
+  once per parallel sequence and scaled to the KV cache type in use (``with_sequences``);
 - compute buffers, roughly: a batch of logits and a batch of the widest activations, in F32.
 
 Recurrent state (Mamba-style models) is small next to the weights and is not counted. The
@@ -22,6 +22,8 @@ from typing import Any
 from modelhub.gguf.info import GGUFInfo
 
 _F16, _F32 = 2, 4
+# Bytes of one key plus one value element for each KV cache type (Q8_0: 34 bytes per 32).
+KV_BYTES = {"f16": 4.0, "auto": 34 / 32 + 2, "q8_0": 2 * 34 / 32, "q4_0": 2 * 18 / 32}
 _GIB = 1 << 30
 
 
@@ -35,9 +37,11 @@ class MemoryEstimate:
     def total(self) -> int:
         return self.weights + self.kv_cache + self.compute
 
-    def with_sequences(self, n: int) -> MemoryEstimate:
-        """The same model serving ``n`` sequences: one KV cache each (this estimate is one)."""
-        return MemoryEstimate(self.weights, self.kv_cache * n, self.compute)
+    def with_sequences(self, n: int, kv_cache_type: str = "f16") -> MemoryEstimate:
+        """The same model serving ``n`` sequences, one KV cache each (this estimate is one, in
+        F16), in ``kv_cache_type`` (``engine.llama.KV_TYPES``)."""
+        kv = self.kv_cache * n * KV_BYTES.get(kv_cache_type, 4.0) / KV_BYTES["f16"]
+        return MemoryEstimate(self.weights, int(kv), self.compute)
 
     def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
         return MemoryEstimate(

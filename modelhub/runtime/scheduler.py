@@ -122,6 +122,7 @@ class Scheduler:
         memory_limit: int | None = None,
         repack: bool | None = None,
         num_parallel: int = 0,
+        kv_cache_type: str = "auto",
         runner_factory: Callable[[str], RunnerProcess] = RunnerProcess,
     ) -> None:
         """``runner_factory(label)`` makes the handle of a runner before it starts (tests use
@@ -134,6 +135,7 @@ class Scheduler:
         self.default_keep_alive = default_keep_alive
         self.max_queue = max_queue
         self.num_parallel = num_parallel  # for specs that do not say (0: automatic)
+        self.kv_cache_type = kv_cache_type  # every runner's target KV cache type
         self.runners: dict[tuple[str, Any], Loaded] = {}
         self._load_lock = asyncio.Lock()
         self._changed = asyncio.Condition()
@@ -198,15 +200,16 @@ class Scheduler:
         asked = int(dict(spec.config).get("n_parallel") or 0) or self.num_parallel
         if asked <= 0:
             free = self._free_memory()
-            four = spec.memory.with_sequences(AUTO_PARALLEL)
+            four = spec.memory.with_sequences(AUTO_PARALLEL, self.kv_cache_type)
             asked = AUTO_PARALLEL if free is None or four.total <= free else 1
-        return spec.memory.with_sequences(asked), asked
+        return spec.memory.with_sequences(asked, self.kv_cache_type), asked
 
     async def _load(
         self, spec: LoadSpec, keep_alive: float | None, memory: MemoryEstimate, sequences: int
     ) -> Loaded:
         config = _thaw(spec.config)
         config["n_parallel"] = sequences
+        config["kv_cache_type"] = self.kv_cache_type
         if self.repack is not None:
             config["repack"] = self.repack
         process = self.runner_factory(spec.name)
@@ -232,7 +235,7 @@ class Scheduler:
         )
         served = loaded.n_parallel  # the engine may serve fewer (MTP drafting: one)
         if served < sequences:
-            loaded.memory = spec.memory.with_sequences(served)
+            loaded.memory = spec.memory.with_sequences(served, self.kv_cache_type)
         loaded.slots = asyncio.Semaphore(served)
         self.runners[spec.key] = loaded
         return loaded

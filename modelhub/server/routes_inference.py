@@ -269,6 +269,7 @@ async def ps(request: Request) -> Response:
             "context_length": int(loaded.info.get("n_ctx") or config["n_ctx"]),
             "repack": bool(loaded.info.get("repack", True)),
             "num_parallel": loaded.n_parallel,
+            "kv_cache_type": str(loaded.info.get("kv_cache_type") or "auto"),
             "running": loaded.running,
             "queued": loaded.queued,
         }

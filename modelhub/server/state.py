@@ -35,6 +35,7 @@ class ServerState:
             memory_limit=settings.memory_limit,
             repack=settings.repack,
             num_parallel=settings.num_parallel,
+            kv_cache_type=settings.kv_cache_type,
         )
         return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 
