@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -94,7 +95,9 @@ def llama_server_ask(url: str, num_predict: int) -> Ask:
             "temperature": 0,
         }
         start, first, count = time.perf_counter(), None, 0
-        with local.client.stream("POST", "/completion", json=body) as r:
+        # A new connection per request: llama-server may close a kept-alive one under us.
+        headers = {"Connection": "close"}
+        with local.client.stream("POST", "/completion", json=body, headers=headers) as r:
             if r.status_code != 200:
                 r.read()
                 raise RuntimeError(f"llama-server failed ({r.status_code}): {r.text}")
@@ -244,5 +247,6 @@ def edit_prompt() -> str:
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return str(module.chat(module.EDIT))

@@ -52,8 +52,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
-# Read before modelhub.engine sets its default (PASSIVE) for this process and its children:
-# llama-server runs with the user's setting or libgomp's own, as a user would run it.
+# Every configuration runs with the user's OpenMP wait policy, or libgomp's own (modelhub's
+# default since it stopped forcing PASSIVE; see modelhub/engine/__init__.py).
 USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 
 # Distinct first words: consecutive requests share only the chat-template prefix, so the engine's
@@ -367,6 +367,8 @@ class LlamaServer:
             *("-t", threads, "-tb", threads),
             *("-c", str(settings.num_ctx * slots), "-b", "512", "-ub", "512", "-np", str(slots)),
             *("-fa", "on", "--no-webui", "-cram", "0"),
+            # The KV cache modelhub uses by default (MODELHUB_KV_CACHE_TYPE=auto).
+            *("--cache-type-k", "q8_0", "--cache-type-v", "f16"),
             *extra,
         ]
         self.log = log
@@ -552,9 +554,14 @@ def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace)
             stack.callback(server.close)
             ask = conc.llama_server_ask(server.url, settings.num_predict)
             servers.append(conc.Server("llama-server np=4", ask))
-        section = conc.run_section(
-            servers, prompts, args.clients, args.per_client, args.ttft_trials
-        )
+        try:
+            section = conc.run_section(
+                servers, prompts, args.clients, args.per_client, args.ttft_trials
+            )
+        except Exception:
+            for log in work.glob("*.log"):
+                print(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
+            raise
         # n-gram drafting at 4 clients on the edit prompt (its best case).
         d4 = daemons[4]
         r = d4.client.post(
@@ -701,7 +708,7 @@ def conditions(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "python": platform.python_version(),
         "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
         "omp_wait_policy": {
-            "engine": os.environ.get("OMP_WAIT_POLICY", "PASSIVE (modelhub's default)"),
+            "engine": USER_OMP_WAIT_POLICY or "libgomp's default (spin, then sleep)",
             "llama_server": USER_OMP_WAIT_POLICY or "libgomp's default (spin, then sleep)",
         },
         "llama_server": str(args.llama_server) if args.llama_server else None,

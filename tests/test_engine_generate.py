@@ -50,7 +50,7 @@ def test_greedy_matches_llama_cpp_python(engine: Engine, target: Path) -> None:
 
     prompt = engine.tokenize(chat("Name three colours of the rainbow."))
     ours = engine.generate(prompt, greedy(40))
-    type_k, type_v = KV_TYPES[engine.cfg.kv_cache_type]
+    type_k, type_v = KV_TYPES[engine.kv_cache_type]
     llm = Llama(
         str(target),
         n_ctx=1024,

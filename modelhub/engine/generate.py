@@ -92,6 +92,11 @@ class Engine:
         self.model = LlamaModel(Path(cfg.model_path), load_mtp=want_mtp, repack=self.repack.enabled)
         train = self.model.n_ctx_train
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
+        self.kv_cache_type = cfg.kv_cache_type
+        if self.kv_cache_type != "f16" and self.model.head_size_k() % 32:
+            # Q8_0/Q4_0 keys need heads of a multiple of 32 (llama.cpp refuses others).
+            log.info("head size %d: F16 KV cache", self.model.head_size_k())
+            self.kv_cache_type = "f16"
         try:
             self.ctx = LlamaContext(
                 self.model,
@@ -99,13 +104,12 @@ class Engine:
                 n_batch=cfg.n_batch,
                 n_threads=self.n_threads,
                 n_seq=self.n_parallel,
-                kv_cache_type=cfg.kv_cache_type,
+                kv_cache_type=self.kv_cache_type,
             )
         except BaseException:
             self.model.close()
             raise
         self.n_ctx = min(n_ctx, self.ctx.n_ctx)  # llama.cpp may round the context up
-        self._embed_lock = threading.Lock()
         self._embed_ctx: LlamaContext | None = None
         self.drafting_disabled: str | None = None
         if cfg.draft_kind == "mtp" and cfg.draft_path is not None and not _mtp_only(cfg):
@@ -134,13 +138,13 @@ class Engine:
                 raise
         self._controllers: dict[str, AdaptiveDraftLength] = {}
         self.slots = [Slot(0, self.drafter)]
+        self._loop = BatchLoop(self, self.slots)
         try:
             self.slots += [Slot(i, self._slot_drafter()) for i in range(1, self.n_parallel)]
-            self._warm_up()
+            self._loop.call(self._warm_up)  # on the thread that will decode (see batching)
         except BaseException:
             self.close()
             raise
-        self._loop = BatchLoop(self, self.slots)
 
     def _slot_drafter(self) -> Drafter | None:
         """Another sequence's instance of the model's drafter: n-grams share the model's pool,
@@ -307,8 +311,7 @@ class Engine:
     # ---- embeddings ----------------------------------------------------------------------------
     def embed(self, texts: list[str]) -> list[list[float]]:
         """Mean-pooled, L2-normalised embeddings (one per text), from a separate context."""
-        with self._embed_lock:
-            return embed_texts(self.model, self._embedding_context(), texts)
+        return self._loop.call(lambda: embed_texts(self.model, self._embedding_context(), texts))
 
     def _embedding_context(self) -> LlamaContext:
         if self._embed_ctx is None:

@@ -135,6 +135,14 @@ class LlamaModel:
         self._prefixes: frozenset[str] = frozenset()  # every prefix of a special token
         self._max_piece = 0
 
+    def head_size_k(self) -> int:
+        """Width of one attention head's key (what a quantised K cache must divide)."""
+        key_length = self.meta(f"{self.architecture}.attention.key_length")
+        if key_length and key_length.isdigit():
+            return int(key_length)
+        heads = int(llama_cpp.llama_model_n_head(self.handle))
+        return self.n_embd // heads if heads > 0 else self.n_embd
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(512)
         n = llama_cpp.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))

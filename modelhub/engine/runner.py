@@ -122,7 +122,7 @@ class Runner:
                 "repack": self.engine.repack.enabled,
                 "repack_reason": self.engine.repack.reason,
                 "n_parallel": self.engine.n_parallel,
-                "kv_cache_type": self.engine.cfg.kv_cache_type,
+                "kv_cache_type": self.engine.kv_cache_type,
             }
         )
 
