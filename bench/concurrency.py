@@ -49,13 +49,40 @@ class Server:
     ask: Ask
 
 
-def daemon_ask(url: str, model: str, num_predict: int, options: dict[str, Any]) -> Ask:
+def _streaming(
+    url: str,
+    path: str,
+    body: Callable[[str], dict[str, Any]],
+    parse: Callable[[str], tuple[bool, int | None]],
+    headers: dict[str, str] | None = None,
+) -> Ask:
+    """An ``Ask`` that streams ``body(prompt)`` to ``path``; ``parse(line)`` says whether a
+    line carries text and, on the last one, how many tokens were generated. One client per
+    thread."""
     local = threading.local()
 
     def ask(prompt: str) -> tuple[int, float]:
         if not hasattr(local, "client"):
             local.client = httpx.Client(base_url=url, timeout=600)
-        body = {
+        start, first, count = time.perf_counter(), None, 0
+        with local.client.stream("POST", path, json=body(prompt), headers=headers) as r:
+            if r.status_code != 200:
+                r.read()
+                raise RuntimeError(f"{path} failed ({r.status_code}): {r.text}")
+            for line in r.iter_lines():
+                text, final = parse(line)
+                if text and first is None:
+                    first = time.perf_counter()
+                if final is not None:
+                    count = final
+        return count, ((first or time.perf_counter()) - start) * 1000
+
+    return ask
+
+
+def daemon_ask(url: str, model: str, num_predict: int, options: dict[str, Any]) -> Ask:
+    def body(prompt: str) -> dict[str, Any]:
+        return {
             "model": model,
             "prompt": prompt,
             "raw": True,
@@ -63,57 +90,37 @@ def daemon_ask(url: str, model: str, num_predict: int, options: dict[str, Any]) 
             "keep_alive": -1,
             "options": {"temperature": 0, "num_predict": num_predict, **options},
         }
-        start, first, count = time.perf_counter(), None, 0
-        with local.client.stream("POST", "/api/generate", json=body) as r:
-            if r.status_code != 200:
-                r.read()
-                raise RuntimeError(f"/api/generate failed ({r.status_code}): {r.text}")
-            for line in r.iter_lines():
-                if not line:
-                    continue
-                obj = json.loads(line)
-                if "error" in obj:
-                    raise RuntimeError(f"/api/generate streamed an error: {obj['error']}")
-                if obj.get("response") and first is None:
-                    first = time.perf_counter()
-                if obj.get("done"):
-                    count = int(obj.get("eval_count", 0))
-        return count, ((first or time.perf_counter()) - start) * 1000
 
-    return ask
+    def parse(line: str) -> tuple[bool, int | None]:
+        if not line:
+            return False, None
+        obj = json.loads(line)
+        if "error" in obj:
+            raise RuntimeError(f"/api/generate streamed an error: {obj['error']}")
+        return bool(obj.get("response")), int(obj.get("eval_count", 0)) if obj.get("done") else None
+
+    return _streaming(url, "/api/generate", body, parse)
 
 
 def llama_server_ask(url: str, num_predict: int) -> Ask:
-    local = threading.local()
-
-    def ask(prompt: str) -> tuple[int, float]:
-        if not hasattr(local, "client"):
-            local.client = httpx.Client(base_url=url, timeout=600)
-        body = {
+    def body(prompt: str) -> dict[str, Any]:
+        return {
             "prompt": prompt,
             "n_predict": num_predict,
             "stream": True,
             "cache_prompt": False,
             "temperature": 0,
         }
-        start, first, count = time.perf_counter(), None, 0
-        # A new connection per request: llama-server may close a kept-alive one under us.
-        headers = {"Connection": "close"}
-        with local.client.stream("POST", "/completion", json=body, headers=headers) as r:
-            if r.status_code != 200:
-                r.read()
-                raise RuntimeError(f"llama-server failed ({r.status_code}): {r.text}")
-            for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                obj = json.loads(line[len("data: ") :])
-                if obj.get("content") and first is None:
-                    first = time.perf_counter()
-                if obj.get("stop"):
-                    count = int((obj.get("timings") or {}).get("predicted_n") or 0)
-        return count, ((first or time.perf_counter()) - start) * 1000
 
-    return ask
+    def parse(line: str) -> tuple[bool, int | None]:
+        if not line.startswith("data: "):
+            return False, None
+        obj = json.loads(line[len("data: ") :])
+        final = int((obj.get("timings") or {}).get("predicted_n") or 0) if obj.get("stop") else None
+        return bool(obj.get("content")), final
+
+    # A new connection per request: llama-server may close a kept-alive one under us.
+    return _streaming(url, "/completion", body, parse, {"Connection": "close"})
 
 
 def aggregate(ask: Ask, prompts: list[str], clients: int, per_client: int) -> dict[str, float]:

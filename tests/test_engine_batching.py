@@ -13,19 +13,10 @@ import pytest
 
 from devtools.realmodels import smollm2_q4_1, smollm2_q8_0
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions, GenerateResult
+from tests.fixtures.prompts import QUESTIONS
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = [
-    "Write a haiku about the sea.",
-    "List three prime numbers.",
-    "What is the capital of France?",
-    "Explain gravity in one sentence.",
-    "Name a color and describe it.",
-    "Write a limerick about a cat.",
-    "Count from one to ten in words.",
-    "Say hello in Spanish and in French.",
-]
 N_TOKENS = 48
 
 

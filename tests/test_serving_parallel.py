@@ -19,19 +19,10 @@ from devtools.daemons import Daemon, start_daemon
 from devtools.realmodels import smollm2_q4_1, smollm2_q8_0
 from modelhub.gguf.info import read_gguf_info
 from modelhub.runtime.memory import estimate
+from tests.fixtures.prompts import QUESTIONS as PROMPTS
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [
-    "Write a haiku about the sea.",
-    "List three prime numbers.",
-    "What is the capital of France?",
-    "Explain gravity in one sentence.",
-    "Name a color and describe it.",
-    "Write a limerick about a cat.",
-    "Count from one to ten in words.",
-    "Say hello in Spanish and in French.",
-]
 GREEDY = {"temperature": 0, "num_predict": 24}
 
 

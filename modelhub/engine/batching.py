@@ -137,7 +137,7 @@ class BatchLoop:
             gen = self.waiting[0]
             if gen.cancelled:  # hung up while queued: never takes a slot
                 self.waiting.popleft()
-                gen.finish_unstarted()
+                gen.finish("cancel")  # nothing was evaluated
                 continue
             free = [s for s in self.slots if not s.busy]
             if not free:
@@ -158,7 +158,7 @@ class BatchLoop:
         positions: list[int] = []
         seqs: list[int] = []
         outputs: list[bool] = []
-        rounds: list[tuple[Generation, int, int]] = []  # (request, first row, rows)
+        rounds: list[tuple[Generation, int]] = []  # (request, its first row)
         chunks: list[tuple[Generation, list[int], int]] = []  # (request, chunk, its last row)
 
         decoding = [g for g in self.active if g.phase == "decode"]
@@ -174,7 +174,7 @@ class BatchLoop:
             positions.extend(range(start, start + len(rows)))
             seqs.extend([gen.slot.seq] * len(rows))
             outputs.extend([len(rows) > 1] * (len(rows) - 1) + [True])
-            rounds.append((gen, first, len(rows)))
+            rounds.append((gen, first))
 
         budget = n_batch - len(tokens)
         if rounds:
@@ -203,14 +203,14 @@ class BatchLoop:
         try:
             engine.ctx.decode_rows(tokens, positions, seqs, outputs)
         except ModelhubError as exc:
-            for gen, *_ in [*rounds, *chunks]:
-                gen.fail(exc)
+            for failed in [r[0] for r in rounds] + [c[0] for c in chunks]:
+                failed.fail(exc)
             return
         decode_ns = time.perf_counter_ns() - t0
         logits = engine.ctx.row_logits
         for gen, chunk, last_row in chunks:
             self._guard(gen, gen.after_prefill, chunk, logits, last_row)
-        for gen, first, _n in rounds:
+        for gen, first in rounds:
             self._guard(gen, gen.after_round, logits, first, decode_ns)
 
     @staticmethod

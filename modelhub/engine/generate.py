@@ -72,16 +72,11 @@ class Engine:
         self.cfg = cfg
         self.n_threads = cfg.n_threads if cfg.n_threads > 0 else default_threads()
         self.n_parallel = max(1, cfg.n_parallel)
-        self.single_reason: str | None = None
         if self.n_parallel > 1 and (cfg.draft_kind == "mtp" or drafter is not None):
             # MTP heads read the target's hidden states of the last decode, which then must be
             # one sequence's alone; a caller's drafter object is one sequence's state.
-            self.single_reason = (
-                "MTP drafting reads the target's hidden states: one sequence at a time"
-                if drafter is None
-                else "a drafter given by the caller serves one sequence"
-            )
-            log.info("num_parallel %d -> 1: %s", self.n_parallel, self.single_reason)
+            why = "MTP drafting" if drafter is None else "a drafter given by the caller"
+            log.info("num_parallel %d -> 1: %s serves one sequence", self.n_parallel, why)
             self.n_parallel = 1
         want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0 and not cfg.draft_path
         self.repack = (

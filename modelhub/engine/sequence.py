@@ -318,10 +318,6 @@ class Generation:
         self._release()
         self.on_done(result, None)
 
-    def finish_unstarted(self) -> None:
-        """Cancelled while waiting for a slot: nothing was evaluated."""
-        self.finish("cancel")
-
     def fail(self, error: BaseException) -> None:
         """The request cannot go on: its slot's cache is forgotten (it may be half-updated)."""
         if self.phase == "done":
