@@ -6,13 +6,13 @@ next turn returning to the slot that holds its history."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from devtools.realmodels import smollm2_q4_1, smollm2_q8_0
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions, GenerateResult
+from tests.fixtures.concurrency import run_concurrently
 from tests.fixtures.prompts import QUESTIONS
 
 pytestmark = pytest.mark.slow
@@ -36,37 +36,6 @@ def _prompts(engine: Engine) -> list[list[int]]:
     ]
 
 
-def _concurrently(
-    engine: Engine, prompts: list[list[int]], options: GenerateOptions
-) -> tuple[list[GenerateResult], int, int]:
-    """Run every prompt from its own thread at once; returns the results and the most requests
-    seen running and waiting at the same time."""
-    results: list[GenerateResult | None] = [None] * len(prompts)
-    seen = [0, 0]
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            running, waiting = engine.load
-            seen[0], seen[1] = max(seen[0], running), max(seen[1], waiting)
-            time.sleep(0.005)
-
-    def run(i: int) -> None:
-        results[i] = engine.generate(prompts[i], options)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop.set()
-    watcher.join()
-    assert all(r is not None for r in results)
-    return [r for r in results if r is not None], seen[0], seen[1]
-
-
 @pytest.fixture(scope="module", params=["plain", "ngram", "draft_model"])
 def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     kw: dict[str, object] = {}
@@ -82,7 +51,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
 def test_eight_at_once_equal_each_alone(engine: Engine) -> None:
     prompts = _prompts(engine)
     alone = [engine.generate(p, greedy()) for p in prompts]
-    together, running, waiting = _concurrently(engine, prompts, greedy())
+    together, running, waiting = run_concurrently(engine, prompts, greedy())
     for a, b in zip(alone, together, strict=True):
         assert b.tokens == a.tokens and b.done_reason == a.done_reason
     assert running == 4 and waiting >= 1  # four ran while the others waited
@@ -130,7 +99,7 @@ def test_a_chat_returns_to_its_slot() -> None:
         prompts = _prompts(e)
         first = e.generate(prompts[0], greedy(16))
         # three other conversations take the other slots meanwhile
-        _concurrently(e, prompts[1:4], greedy(8))
+        run_concurrently(e, prompts[1:4], greedy(8))
         follow = (
             prompts[0]
             + first.tokens
@@ -187,7 +156,7 @@ def test_a_long_answer_under_load_equals_it_alone() -> None:
         )
         with _engine() as plain:
             alone = plain.generate(story, greedy(400))
-        got, running, _ = _concurrently(e, [story, *prompts[:3]], greedy(400))
+        got, running, _ = run_concurrently(e, [story, *prompts[:3]], greedy(400))
         assert running == 4
         assert got[0].tokens == alone.tokens and len(alone.tokens) > 300
         assert got[0].draft_count > 0

@@ -10,6 +10,7 @@ import pytest
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions
 from modelhub.engine.speculative.mtp import MtpDrafter, nextn_api
 from modelhub.errors import DraftError
+from tests.fixtures.concurrency import run_concurrently
 from tests.fixtures.synthetic import write_tiny_llama, write_tiny_mtp
 
 PROMPTS = ["the hello world", "tiny draft model fast", "abc token the world"]
@@ -136,3 +137,32 @@ def test_other_external_mtp_drafter_files_serve_without_drafting(files: dict[str
         assert e.drafting_disabled is not None and "not supported" in e.drafting_disabled
         r = e.generate(e.tokenize(PROMPTS[0]), greedy(n=10))
         assert len(r.tokens) == 10 and r.drafter is None
+
+
+@pytest.mark.parametrize("heads", ["one", "two", "file"])
+def test_mtp_drafts_for_four_sequences_in_one_batch(
+    files: dict[str, Path], plain: Engine, heads: str
+) -> None:
+    """Each sequence drafts with its own MTP context, reading its own rows of the batched
+    target decode: 8 requests on 4 sequences give each one's output alone, and the same drafts
+    (rows of another sequence's hidden states would change what the heads propose)."""
+    target, draft_path = (files["one"], files["heads"]) if heads == "file" else (files[heads], None)
+    base = dict(draft_kind="mtp", draft_num_predict=4, adaptive=False, draft_path=draft_path)
+    words = ["the", "hello", "world", "tiny", "draft", "model", "fast", "abc", "token"]
+    texts = [" ".join(words[i:] + words[:i][:2]) for i in range(8)]
+    with Engine(_cfg(target, **base)) as alone_engine:
+        assert alone_engine.n_parallel == 1
+        prompts = [alone_engine.tokenize(t) for t in texts]
+        alone = [alone_engine.generate(p, greedy()) for p in prompts]
+    with Engine(_cfg(target, n_parallel=4, **base)) as batched:
+        assert batched.n_parallel == 4
+        assert all(isinstance(s.drafter, MtpDrafter) for s in batched.slots)
+        together, running, waiting = run_concurrently(batched, prompts, greedy())
+    assert running == 4 and waiting >= 1
+    for p, a, b in zip(prompts, alone, together, strict=True):
+        assert a.tokens == plain.generate(p, greedy()).tokens  # lossless alone
+        assert b.tokens == a.tokens
+        assert (b.draft_count, b.draft_accepted_count) == (a.draft_count, a.draft_accepted_count)
+    drafted = sum(r.draft_count for r in together)
+    accepted = sum(r.draft_accepted_count for r in together)
+    assert 0 < accepted < drafted  # drafts were both kept and rejected

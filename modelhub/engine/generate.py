@@ -47,6 +47,7 @@ from modelhub.engine.speculative.factory import (
     ngram_drafter,
     prediction_drafter,
 )
+from modelhub.engine.speculative.mtp import MtpDrafter
 from modelhub.engine.textstream import Committer
 from modelhub.errors import DraftError, InputError
 
@@ -72,11 +73,9 @@ class Engine:
         self.cfg = cfg
         self.n_threads = cfg.n_threads if cfg.n_threads > 0 else default_threads()
         self.n_parallel = max(1, cfg.n_parallel)
-        if self.n_parallel > 1 and (cfg.draft_kind == "mtp" or drafter is not None):
-            # MTP heads read the target's hidden states of the last decode, which then must be
-            # one sequence's alone; a caller's drafter object is one sequence's state.
-            why = "MTP drafting" if drafter is None else "a drafter given by the caller"
-            log.info("num_parallel %d -> 1: %s serves one sequence", self.n_parallel, why)
+        if self.n_parallel > 1 and drafter is not None:
+            # A caller's drafter object is one sequence's state.
+            log.info("num_parallel %d -> 1: a drafter given by the caller", self.n_parallel)
             self.n_parallel = 1
         want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0 and not cfg.draft_path
         self.repack = (
@@ -143,10 +142,11 @@ class Engine:
 
     def _slot_drafter(self) -> Drafter | None:
         """Another sequence's instance of the model's drafter: n-grams share the model's pool,
-        a draft model shares its weights (each sequence has its own draft context)."""
+        a draft model its weights, MTP its heads (each sequence has a draft context of its
+        own)."""
         if self.drafter is None:
             return None
-        if isinstance(self.drafter, DraftModelDrafter):
+        if isinstance(self.drafter, DraftModelDrafter | MtpDrafter):
             return self.drafter.fork()
         if self.drafter.kind == "ngram":
             return ngram_drafter(self.model.path)

@@ -131,7 +131,7 @@ class Generation:
         self.slot.cached.extend(chunk)
         self.next_pos += len(chunk)
         if isinstance(self.slot.drafter, TargetObserver):
-            self.slot.drafter.observe_target(chunk, start)
+            self.slot.drafter.observe_target(chunk, start, row - len(chunk) + 1)
         if self.next_pos < len(self.prompt):
             return
         self.t_prefilled = time.perf_counter_ns()
@@ -222,7 +222,7 @@ class Generation:
         batch = [tokens[-1], *drafts]
         slot.cached.extend(batch)  # the cache now holds the whole batch
         if isinstance(slot.drafter, TargetObserver):
-            slot.drafter.observe_target(batch, n_past)
+            slot.drafter.observe_target(batch, n_past, first_row)
         t_verify = time.perf_counter_ns()
         new, accepted = self._verify(logits, first_row)
         kept = self._commit(new, accepted)

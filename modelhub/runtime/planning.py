@@ -115,9 +115,8 @@ def plan(
         # 0: the daemon's MODELHUB_NUM_PARALLEL, else automatic (the scheduler decides).
         "n_parallel": int(opts.get("num_parallel") or 0),
     }
-    if embedding or config["draft_kind"] == "mtp":
-        # Embeddings use a context of their own; MTP heads follow one sequence.
-        config["n_parallel"] = 1
+    if embedding:
+        config["n_parallel"] = 1  # embeddings use a context of their own
     if kind == DRAFT_MTP_DRAFTER and view.draft_path is not None:
         config["draft_path"] = str(view.draft_path)
     if config["n_batch"] < bound + 1:

@@ -233,7 +233,7 @@ class Scheduler:
             info=info,
             memory=memory,
         )
-        served = loaded.n_parallel  # the engine may serve fewer (MTP drafting: one)
+        served = loaded.n_parallel  # the engine may serve fewer (a caller's drafter: one)
         if served < sequences:
             loaded.memory = spec.memory.with_sequences(served, self.kv_cache_type)
         loaded.slots = asyncio.Semaphore(served)

@@ -40,8 +40,9 @@ class Seeded(Protocol):
 
 @runtime_checkable
 class TargetObserver(Protocol):
-    def observe_target(self, tokens: Sequence[int], start: int) -> None:
-        """The target just decoded ``tokens`` at positions ``start..`` (its memory is current)."""
+    def observe_target(self, tokens: Sequence[int], start: int, first_row: int = 0) -> None:
+        """The target just decoded ``tokens`` at positions ``start..``, rows ``first_row..``
+        of its last batch (its memory is current)."""
 
     def rollback(self, keep: int) -> int:
         """The target kept only positions ``< keep``. Returns the position from which the

@@ -7,8 +7,10 @@ paired with the previous rows' hidden states (:meth:`observe_target`). To draft 
 token x at position P it decodes (x, h_{P-1}), takes the head's best token, and feeds that token
 with the hidden state the head returned, one position further, and so on; the draft rows are
 removed afterwards, because verification re-adds those positions with the target's real hidden
-states. With several heads (``nextn_predict_layers`` > 1) head i drafts token i+1 and every
-draft step re-decodes the chain under that head (K is then capped at the number of heads).
+states. Each of the target's sequences drafts with its own MTP context (:meth:`MtpDrafter.fork`:
+the same heads, a cache of its own), reading its rows of the target's batch. With several heads
+(``nextn_predict_layers`` > 1) head i drafts token i+1 and every draft step re-decodes the
+chain under that head (K is then capped at the number of heads).
 
 The staging API is feature-detected: a build without it gets a clear error, never a crash.
 Creating an MTP context on a model loaded without its NextN tensors aborts the process inside
@@ -85,7 +87,10 @@ class MtpDrafter:
         n_threads: int,
         p_min: float = 0.0,
         owns_heads: bool = False,
+        primary: bool = True,
     ) -> None:
+        """``primary``: this drafter switches the target's NextN output on and, at close, off
+        (its forks, one per other sequence, leave it alone)."""
         self._ext = nextn_api()
         _check_heads(heads)
         width = int(llama_cpp.llama_model_n_embd_out(heads.handle)) or heads.n_embd
@@ -94,7 +99,10 @@ class MtpDrafter:
                 f"MTP head output width {width} differs from the target's hidden size "
                 f"{target_ctx.model.n_embd}"
             )
-        self._heads = heads if owns_heads else None
+        self.heads = heads
+        self._heads = heads if owns_heads else None  # closed with this drafter
+        self._primary = primary
+        self._n_threads = n_threads
         self.n_embd = width
         self.n_heads = heads.n_layer_nextn
         self.p_min = p_min
@@ -153,6 +161,17 @@ class MtpDrafter:
             heads.close()
             raise
 
+    def fork(self) -> MtpDrafter:
+        """A drafter for another sequence of the target: the same heads, an MTP context of its
+        own. Close it before this one."""
+        return MtpDrafter(
+            self.heads,
+            self._target_ctx,
+            n_threads=self._n_threads,
+            p_min=self.p_min,
+            primary=False,
+        )
+
     # ---- keeping the MTP cache in step with the target ----------------------------------------
     def _hidden_before(self, pos: int) -> npt.NDArray[np.float32] | None:
         """h_{pos-1}: the target's hidden state at the position before ``pos``."""
@@ -166,13 +185,16 @@ class MtpDrafter:
             return self._pending[1]
         return None
 
-    def observe_target(self, tokens: Sequence[int], start: int) -> None:
-        """The target decoded ``tokens`` at ``start..``: add their MTP rows (token x_p with the
-        hidden state of the row before) for every position the MTP cache does not hold yet."""
+    def observe_target(self, tokens: Sequence[int], start: int, first_row: int = 0) -> None:
+        """The target decoded ``tokens`` at ``start..`` as rows ``first_row..`` of its batch:
+        add their MTP rows (token x_p with the hidden state of the row before) for every
+        position the MTP cache does not hold yet."""
         ptr = self._ext.llama_get_embeddings_nextn(self._target_ctx.handle)
         if not ptr:
             raise DraftError("the target produced no NextN hidden states for MTP")
-        rows = np.ctypeslib.as_array(ptr, shape=(len(tokens), self.n_embd)).copy()
+        # Unmasked NextN output has a row for every batch row, in batch order.
+        batch = np.ctypeslib.as_array(ptr, shape=(first_row + len(tokens), self.n_embd))
+        rows = batch[first_row:].copy()
         items: list[tuple[int, int, npt.NDArray[np.float32]]] = []
         if start <= self._len:  # otherwise there is a gap this batch cannot fill
             for pos in range(self._len, start + len(tokens)):
@@ -289,7 +311,8 @@ class MtpDrafter:
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:
-            self._ext.llama_set_embeddings_nextn(self._target_ctx.handle, False, False)
+            if self._primary:
+                self._ext.llama_set_embeddings_nextn(self._target_ctx.handle, False, False)
             # The token array is ours: detach it so llama_batch_free does not free it.
             self._batch.token = ctypes.POINTER(llama_cpp.llama_token)()
             llama_cpp.llama_batch_free(self._batch)
