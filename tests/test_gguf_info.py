@@ -266,7 +266,7 @@ def test_capabilities(files: dict[str, Path]) -> None:
     embedding = dataclasses.replace(info, pooling_type=1)
     assert capabilities(embedding, go_tools) == ["embedding"]
     vision = dataclasses.replace(info, kv={**info.kv, "llama.vision.block_count": 2})
-    assert capabilities(vision, None) == ["completion", "vision"]
+    assert capabilities(vision, None) == ["completion"]  # images are not served
 
 
 def test_is_gguf(files: dict[str, Path], tmp_path: Path) -> None:

@@ -416,3 +416,31 @@ def test_bos_is_not_doubled_with_the_real_tokenizer() -> None:
         assert tokens(tokenizer_adds_bos=False)[:2] == [info.bos_id, info.bos_id]
     finally:
         model.close()
+
+
+def test_jinja_templates_read_tool_calls_as_objects_and_tool_results() -> None:
+    """Hugging Face templates index ``tool_call.function.arguments`` as a mapping; OpenAI
+    clients send a JSON string, which is parsed for them."""
+    template = (
+        "{% for m in messages %}{{ m.role }}:"
+        "{% for c in m.tool_calls or [] %}{{ c.type }} {{ c.function.name }}"
+        "({{ c.function.arguments.city }});{% endfor %}"
+        "{% if m.role == 'tool' %}{{ m.tool_call_id }}={{ m.content }}{% endif %}|{% endfor %}"
+        "{% if reasoning_effort is defined %}effort={{ reasoning_effort }}{% endif %}"
+        "{% if enable_thinking is defined %} think={{ enable_thinking }}{% endif %}"
+    )
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+    ]
+    out = chat(None, messages, jinja=template)
+    assert out == "user:|assistant:function get_weather(Oslo);|tool:c1=rain|"
+    assert chat(None, messages, jinja=template, think=False).endswith("| think=False")
+    assert chat(None, messages, jinja=template, think="high").endswith("effort=high think=True")

@@ -244,7 +244,8 @@ _THINKING = re.compile(r"\.Think(ing)?\b|<think>|enable_thinking|reasoning_conte
 
 
 def capabilities(info: GGUFInfo, template: str | None) -> list[str]:
-    """Capabilities as /api/show derives them from the model and its template text.
+    """Capabilities as /api/show derives them from the model and its template text: only what
+    the daemon serves (no ``vision``: images are refused, whatever the model could see).
 
     ``template`` is the Go TEMPLATE or Jinja chat template in use; None means the GGUF's own.
     """
@@ -260,7 +261,4 @@ def capabilities(info: GGUFInfo, template: str | None) -> list[str]:
             caps.append("insert")
         if _THINKING.search(text):
             caps.append("thinking")
-    arch = info.architecture
-    if info.general_type == "mmproj" or any(k.startswith(f"{arch}.vision.") for k in info.kv):
-        caps.append("vision")
     return caps

@@ -109,6 +109,21 @@ def _go_message(message: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _jinja_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as Hugging Face templates read it: tool-call arguments as objects (OpenAI
+    clients send JSON strings), reasoning as ``reasoning_content``."""
+    out = {**message, "content": _content(message)}
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [
+            {"type": "function", **c, "function": _tool_call(i, c)["function"]}
+            for i, c in enumerate(calls)
+        ]
+    if message.get("thinking") and "reasoning_content" not in out:
+        out["reasoning_content"] = message["thinking"]
+    return out
+
+
 def _ordered(value: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """Known keys first, in Ollama's struct order (what ``{{ json . }}`` prints), then the rest."""
     out = {k: value[k] for k in keys if k in value}
@@ -215,8 +230,10 @@ def render_prompt(
     else:
         if inp.suffix:
             raise InputError("this model does not support insert: it has no TEMPLATE with .Suffix")
-        messages = [{**m, "content": _content(m)} for m in inp.messages]
-        extra = {} if think is None else {"enable_thinking": bool(think)}
+        messages = [_jinja_message(m) for m in inp.messages]
+        extra: dict[str, Any] = {} if think is None else {"enable_thinking": bool(think)}
+        if isinstance(think, str):
+            extra["reasoning_effort"] = think
         last_role = messages[-1].get("role") if messages else None
         text = render_chat_template(
             jinja_template,
