@@ -14,6 +14,9 @@ e. plain decoding through the engine vs llama-cpp-python's ``Llama.create_comple
 f. a caller-supplied prediction (OpenAI's Predicted Outputs) on the edit prompt of (c): the
    original code (what an editor would send) and the exact output, the n-gram pool that drafts
    where the prediction does not reach cleared before each run. No goal; for the record.
+g. JSON-schema output (a grammar on every row): n-gram drafting and a prediction (the JSON
+   document the prompt edits) against plain decoding under the same grammar, on two edits of
+   a JSON document. Goal: >= 1.3x for the better drafter.
 
 Tokens/s counts generated tokens over generation time (prefill excluded) except in (e), where
 both sides are timed by the wall clock around the whole call. Each cell is the best of
@@ -73,6 +76,42 @@ SIMILAR = (
     "Rename the variable `count` to `paid_count` in this function. Reply with the code only."
     f"\n\n{CODE}"
 )
+
+
+ORDERS = {
+    "orders": [
+        {"id": i, "customer": name, "status": "paid", "amount": amount}
+        for i, (name, amount) in enumerate(
+            [("Ada", 120), ("Ben", 75), ("Cleo", 42), ("Dan", 310), ("Eve", 18), ("Finn", 99)],
+            start=1,
+        )
+    ]
+}
+DOC = json.dumps(ORDERS, indent=2)
+JSON_PROMPTS = {
+    "refund": 'Change the status of order 3 to "refunded". Reply with the whole JSON only.'
+    f"\n\n{DOC}",
+    "discount": f"Lower the amount of every order by 10. Reply with the whole JSON only.\n\n{DOC}",
+}
+ORDERS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "orders": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "customer": {"type": "string"},
+                    "status": {"type": "string"},
+                    "amount": {"type": "number"},
+                },
+                "required": ["id", "customer", "status", "amount"],
+            },
+        }
+    },
+    "required": ["orders"],
+}
 
 
 def chat(user: str) -> str:
@@ -356,8 +395,45 @@ def section_f(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def section_g(args: argparse.Namespace) -> dict[str, Any]:
+    from modelhub.engine.grammar import format_grammar
+
+    target = realmodels.smollm2_q8_0()
+    plain = engine(target, args.threads)
+    ngram = engine(target, args.threads, draft_kind="ngram", draft_num_predict=8)
+    n = max(args.tokens, 200)
+    opts = GenerateOptions(num_predict=n, temperature=0, grammar=format_grammar(ORDERS_SCHEMA))
+    document = plain.tokenize(DOC, add_special=False)
+    table: dict[str, dict[str, Cell]] = {}
+    try:
+        for name, text in JSON_PROMPTS.items():
+            tokens = plain.tokenize(chat(text))
+
+            def drafted(tokens: list[int] = tokens) -> GenerateResult:
+                factory.ngram_pool(target).clear()  # drafts from the prompt and reply only
+                return ngram.generate(tokens, opts)
+
+            def predicted(tokens: list[int] = tokens) -> GenerateResult:
+                factory.ngram_pool(target).clear()
+                return plain.generate(tokens, opts, prediction=document)
+
+            table[name] = compare(
+                lambda tokens=tokens: plain.generate(tokens, opts),
+                {"ngram": drafted, "prediction": predicted},
+                args.runs,
+            )
+    finally:
+        plain.close()
+        ngram.close()
+    return {
+        "table": table,
+        "goal": ">= 1.3x with the better drafter",
+        "configs": ["ngram", "prediction"],
+    }
+
+
 def report(results: dict[str, Any]) -> None:
-    for key in ("a", "b", "c", "f"):
+    for key in ("a", "b", "c", "f", "g"):
         if key not in results:
             continue
         sec = results[key]
@@ -403,6 +479,7 @@ TITLES = {
     "d": "temperature 0.8: acceptance, rejection sampling vs sample-and-compare (K=4)",
     "e": "plain engine vs llama-cpp-python create_completion (Q8_0)",
     "f": "a caller's prediction (OpenAI Predicted Outputs) on the edit prompt, greedy",
+    "g": "JSON-schema output: n-gram and prediction drafting under the grammar, greedy",
 }
 
 
@@ -419,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sections", default="abcdef")
+    parser.add_argument("--sections", default="abcdefg")
     parser.add_argument("--json", type=Path, default=Path("bench-speculative.json"))
     args = parser.parse_args(argv)
     sections = {
@@ -429,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         "d": section_d,
         "e": section_e,
         "f": section_f,
+        "g": section_g,
     }
     results: dict[str, Any] = {}
     conditions = {
@@ -447,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"section {key} done in {results[key]['seconds']} s", file=sys.stderr)
     report(results)
     summary: dict[str, Any] = {}
-    for key in ("a", "b", "c", "f"):
+    for key in ("a", "b", "c", "f", "g"):
         if key in results:
             summary[key] = {
                 c: round(statistics.median(speedups(results[key]["table"], c)), 3)

@@ -2,9 +2,10 @@
 
 Variables follow Ollama's, renamed: MODELHUB_HOST, MODELHUB_MODELS, MODELHUB_KEEP_ALIVE,
 MODELHUB_ORIGINS, MODELHUB_MAX_LOADED_MODELS, MODELHUB_NUM_PARALLEL, MODELHUB_NUM_THREADS,
-MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART, MODELHUB_KV_CACHE_TYPE (OLLAMA_KV_CACHE_TYPE), plus
-MODELHUB_MEMORY_LIMIT and MODELHUB_REPACK. The YAML file (``config.yaml`` in the platformdirs
-config dir, or MODELHUB_CONFIG) uses the same names in lower case without the prefix.
+MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART, MODELHUB_KV_CACHE_TYPE (OLLAMA_KV_CACHE_TYPE),
+MODELHUB_CONTEXT_LENGTH (OLLAMA_CONTEXT_LENGTH), plus MODELHUB_MEMORY_LIMIT and MODELHUB_REPACK.
+The YAML file (``config.yaml`` in the platformdirs config dir, or MODELHUB_CONFIG) uses the same
+names in lower case without the prefix.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from modelhub.errors import InputError
 APP = "modelhub"
 DEFAULT_PORT = 11435
 DEFAULT_KEEP_ALIVE = 300.0
+DEFAULT_CONTEXT_LENGTH = 4096  # num_ctx when neither a request nor the model sets one
+MIN_CONTEXT_LENGTH = 16
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ class Settings:
     max_loaded_models: int = 3
     num_parallel: int = 0  # sequences per loaded model (0: 4 when memory allows, else 1)
     kv_cache_type: str = "auto"  # auto (exact on CPU), f16, q8_0, q4_0
+    context_length: int = DEFAULT_CONTEXT_LENGTH  # the default num_ctx
     num_threads: int = 0
     max_queue: int = 512
     noprune: bool = False
@@ -192,6 +196,7 @@ class Settings:
             memory_limit=_size(get("MODELHUB_MEMORY_LIMIT")),
             repack=_tristate("MODELHUB_REPACK", get("MODELHUB_REPACK")),
             kv_cache_type=_kv_cache_type(get("MODELHUB_KV_CACHE_TYPE")),
+            context_length=_context_length(get("MODELHUB_CONTEXT_LENGTH")),
         )
 
 
@@ -215,6 +220,20 @@ def _kv_cache_type(value: str | None) -> str:
     if text not in KV_CACHE_TYPES:
         raise InputError(f"MODELHUB_KV_CACHE_TYPE={value!r}: use {', '.join(KV_CACHE_TYPES)}")
     return text
+
+
+def _context_length(value: str | None) -> int:
+    """MODELHUB_CONTEXT_LENGTH: tokens, at least 16; unset, empty or 0 is the default. Unlike
+    Ollama, which falls back silently, a bad value stops the daemon at start."""
+    text = _clean(value or "")
+    if text in ("", "0"):
+        return DEFAULT_CONTEXT_LENGTH
+    if not re.fullmatch(r"\d+", text) or int(text) < MIN_CONTEXT_LENGTH:
+        raise InputError(
+            f"MODELHUB_CONTEXT_LENGTH={value!r}: use a number of tokens of at least "
+            f"{MIN_CONTEXT_LENGTH} (e.g. 8192), or 0 for the default {DEFAULT_CONTEXT_LENGTH}"
+        )
+    return int(text)
 
 
 def _size(value: str | None) -> int | None:

@@ -29,7 +29,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from devtools.pullservers import serve_handler
-from modelhub.cli import bench, pull, repl, run, runtime
+from modelhub.cli import answer, bench, pull, repl, run, runtime
 from modelhub.client import Client
 from modelhub.errors import InputError, ModelhubError
 
@@ -201,6 +201,39 @@ def test_stream_answer_generate_and_chat() -> None:
     assert writer.text == "Hi!"
 
 
+def test_reasoning_is_shown_apart_from_the_answer_or_hidden() -> None:
+    chunks = [
+        {"message": {"role": "assistant", "content": "", "thinking": "Three plus"}, "done": False},
+        {"message": {"role": "assistant", "content": "", "thinking": " five."}, "done": False},
+        {"message": {"role": "assistant", "content": "8"}, "done": False},
+        {"message": {"role": "assistant", "content": ""}, "done": True},
+    ]
+    out = io.StringIO()
+    writer = run.AnswerWriter(out)
+    run.stream_answer(iter(chunks), writer, chat=True)
+    assert out.getvalue() == "Thinking...\nThree plus five.\n...done thinking.\n\n8\n"
+    assert (writer.text, writer.thinking) == ("8", "Three plus five.")
+    hidden = io.StringIO()
+    run.stream_answer(iter(chunks), run.AnswerWriter(hidden, show_thinking=False), chat=True)
+    assert hidden.getvalue() == "8\n"
+    grey = io.StringIO()
+    run.stream_answer(iter(chunks[:2]), run.AnswerWriter(grey, grey=True), chat=True)
+    assert grey.getvalue() == (
+        f"Thinking...\n{answer.THINKING_COLOUR}Three plus{run.RESET}"
+        f"{answer.THINKING_COLOUR} five.{run.RESET}\n...done thinking.\n\n"
+    )
+
+
+def test_think_flag_values() -> None:
+    assert [run.think_value(v) for v in (None, "true", "false", "high")] == [
+        None,
+        True,
+        False,
+        "high",
+    ]
+    assert run.generate_body("m", "p", fmt=None, keep_alive=None, think="low")["think"] == "low"
+
+
 @pytest.mark.parametrize(
     ("text", "value"),
     [("5m", "5m"), ("1h30m", "1h30m"), ("-1m", "-1m"), ("0", 0.0), ("300", 300.0), ("-1", -1.0)],
@@ -334,6 +367,18 @@ def test_set_parameter_errors(args: list[str], error: str) -> None:
 
 def test_set_parameter_without_arguments_lists_parameters() -> None:
     assert "draft_num_predict" in repl.set_parameter({}, [])
+
+
+def test_apply_set_think_and_nothink() -> None:
+    state = repl.ReplState(model="m")
+    assert "think" not in state.chat_body()
+    assert repl.apply_set(state, ["think"]) == "Set 'think' mode." and state.chat_body()["think"]
+    assert repl.apply_set(state, ["think", "high"]) == "Set 'think' mode to high."
+    assert state.chat_body()["think"] == "high"
+    assert repl.apply_set(state, ["nothink"]) == "Set 'nothink' mode."
+    assert state.chat_body()["think"] is False
+    with pytest.raises(repl.ReplError, match="Invalid think level"):
+        repl.apply_set(state, ["think", "max"])
 
 
 def test_apply_set_modes_and_format() -> None:

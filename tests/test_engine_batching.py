@@ -18,6 +18,7 @@ from tests.fixtures.prompts import QUESTIONS
 pytestmark = pytest.mark.slow
 
 N_TOKENS = 48
+ASSISTANT = "<|im_start|>assistant\n"
 
 
 def greedy(n: int = N_TOKENS) -> GenerateOptions:
@@ -160,3 +161,22 @@ def test_a_long_answer_under_load_equals_it_alone() -> None:
         assert running == 4
         assert got[0].tokens == alone.tokens and len(alone.tokens) > 300
         assert got[0].draft_count > 0
+
+
+def test_context_shifts_in_one_sequence_leave_the_others_exact() -> None:
+    """A shift re-rotates (and with Q8_0 keys re-quantises) the cache; other sequences in the
+    same context must still give their output alone, and so must the shifted one."""
+    cfg = EngineConfig(smollm2_q8_0(), n_ctx=128, n_threads=2, n_parallel=2)
+    with Engine(cfg) as e:
+        topics = ["a dragon who loves books", "a city under the sea", "a robot chef", "a comet"]
+        prompts = [
+            e.tokenize(f"<|im_start|>user\nWrite a long story about {t}.<|im_end|>\n{ASSISTANT}")
+            for t in topics
+        ]
+        opts = greedy(220)
+        alone = [e.generate(p, opts) for p in prompts]
+        together, running, _ = run_concurrently(e, prompts, opts)
+    assert running == 2
+    for a, b in zip(alone, together, strict=True):
+        assert b.tokens == a.tokens
+    assert sum(len(p) + len(a.tokens) > 200 for p, a in zip(prompts, alone, strict=True)) >= 2

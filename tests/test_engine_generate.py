@@ -119,10 +119,10 @@ def test_num_predict_and_eog(engine: Engine) -> None:
 def test_full_context_ends_with_length(target: Path) -> None:
     with Engine(EngineConfig(target, n_ctx=64, n_threads=2)) as small:
         prompt = small.tokenize(chat("Write a long story about a dragon and a knight."))
-        r = small.generate(prompt, greedy(-1))
+        r = small.generate(prompt, greedy(-1, shift=False))  # shifting: test_engine_shift.py
         assert r.done_reason == "length"
         assert len(prompt) + len(r.tokens) == small.n_ctx + 1
-        again = small.generate(prompt, greedy(-1))
+        again = small.generate(prompt, greedy(-1, shift=False))
         assert again.tokens == r.tokens
         with pytest.raises(InputError, match="context holds"):
             small.generate(prompt * 3, greedy())

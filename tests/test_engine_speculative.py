@@ -163,19 +163,49 @@ def test_sampled_speculation_accepts_most_drafts(fixed_k: Engine, prompts: list[
     assert compare.acceptance < got.acceptance
 
 
-def test_grammar_requests_decode_without_drafting(
-    fixed_k: Engine, prompts: list[list[int]]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "parts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "job": {"type": "string"}},
+                "required": ["name", "job"],
+            },
+        }
+    },
+    "required": ["parts"],
+}
+
+
+def test_drafting_under_a_grammar_is_lossless(
+    plain: Engine, fixed_k: Engine, prompts: list[list[int]]
 ) -> None:
+    """Drafts are checked against the grammar in the state the drafts before them lead to, and
+    every verification row is judged in its own state: the output is the target's alone."""
     from modelhub.engine.grammar import format_grammar
 
-    got = fixed_k.generate(
-        prompts[1],
-        greedy(n=30)
-        if False
-        else GenerateOptions(num_predict=30, temperature=0, grammar=format_grammar("json")),
+    opts = GenerateOptions(num_predict=120, temperature=0, grammar=format_grammar(SCHEMA))
+    expected = plain.generate(prompts[1], opts)
+    assert expected.text.startswith("{") and expected.drafter is None
+    got = fixed_k.generate(prompts[1], dataclasses.replace(opts, draft_num_predict=4))
+    assert got.tokens == expected.tokens
+    assert got.drafter == "draft_model" and got.draft_accepted_count > 0
+    predicted = plain.generate(prompts[1], opts, prediction=expected.tokens)
+    assert predicted.tokens == expected.tokens and predicted.acceptance > 0.9
+    # a prediction the grammar forbids: its drafts are cut before verification, output unchanged
+    off = plain.tokenize("Sure! Here is the answer in prose. " * 4, add_special=False)
+    wrong = plain.generate(prompts[1], opts, prediction=off)
+    assert wrong.tokens == expected.tokens
+    sampled = fixed_k.generate(
+        prompts[1], dataclasses.replace(opts, temperature=0.8, seed=5, num_predict=200)
     )
-    assert got.drafter is None and got.draft_count == 0
-    assert got.text.lstrip()[:1] in '{["-0123456789tfn'
+    assert sampled.draft_count > 0
+    if sampled.done_reason == "stop":
+        import json
+
+        assert isinstance(json.loads(sampled.text)["parts"], list)
 
 
 def test_prediction_identity(

@@ -30,7 +30,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Daemon:
         {"MODELHUB_KEEP_ALIVE": "10m", "MODELHUB_MAX_LOADED_MODELS": "2"},
     )
     mf = base / "Modelfile"
-    mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 2048\n")
+    # num_predict bounds the CLI's sampled answers (a loop would run to 10 contexts)
+    mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 2048\nPARAMETER num_predict 256\n")
     r = d.cli("create", "smol", "-f", str(mf))
     assert r.returncode == 0, r.stderr
     mf.write_text("FROM smol\nDRAFT ngram\nPARAMETER draft_num_predict 6\n")

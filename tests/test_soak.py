@@ -63,7 +63,7 @@ def test_a_mixed_soak_leaves_no_orphans_and_flat_memory(tmp_path: Path) -> None:
                     assert c.post("/api/generate", json=body).status_code == 200
                 elif kind == "stream":
                     with c.stream(
-                        "POST", "/api/generate", json={"model": model, "prompt": "b"}
+                        "POST", "/api/generate", json={"model": model, "prompt": "b", **long}
                     ) as r:
                         assert r.status_code == 200 and list(r.iter_lines())
                 elif kind == "cut":  # a stream abandoned after its first bytes
@@ -80,7 +80,8 @@ def test_a_mixed_soak_leaves_no_orphans_and_flat_memory(tmp_path: Path) -> None:
                 else:
                     msgs = [{"role": "user", "content": f"hi {i}"}]
                     r = c.post(
-                        "/api/chat", json={"model": model, "messages": msgs, "stream": False}
+                        "/api/chat",
+                        json={"model": model, "messages": msgs, "stream": False, **long},
                     )
                     assert r.status_code == 200
 

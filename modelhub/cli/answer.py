@@ -17,6 +17,7 @@ from rich.cells import cell_len
 
 # Tokens that came from an accepted draft, when --show-draft colours them (cyan).
 DRAFT_COLOUR = "\x1b[36m"
+THINKING_COLOUR = "\x1b[90m"  # reasoning, grey as Ollama shows it
 RESET = "\x1b[0m"
 
 Segment = tuple[str, bool]  # (text, came from an accepted draft)
@@ -132,20 +133,57 @@ class AnswerWriter:
     """Writes one streamed answer: wrapped when ``width`` is set, drafted tokens coloured when
     ``colour`` is set. ``text`` is the whole answer as the model wrote it (unwrapped)."""
 
-    def __init__(self, out: TextIO, *, width: int | None = None, colour: bool = False) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        *,
+        width: int | None = None,
+        colour: bool = False,
+        grey: bool = False,
+        show_thinking: bool = True,
+    ) -> None:
         self.out = out
         self.colour = colour
+        self.grey = grey  # reasoning in grey
+        self.show_thinking = show_thinking
         self.text = ""
+        self.thinking = ""
         self._wrapper = WordWrapper(width) if width else None
         self._last_char = "\n"
+        self._in_thinking = False
+
+    def think(self, piece: str) -> None:
+        """Reasoning (``thinking``): shown between "Thinking..." and "...done thinking."
+        unless hidden, never part of ``text``."""
+        self.thinking += piece
+        if not self.show_thinking:
+            return
+        if not self._in_thinking:
+            self._in_thinking = True
+            self._plain("Thinking...\n")
+        self._emit(self._wrapper.feed(piece) if self._wrapper else [(piece, False)], grey=True)
+
+    def _end_thinking(self) -> None:
+        if self._in_thinking:
+            self._in_thinking = False
+            if self._wrapper:
+                self._emit(self._wrapper.flush(), grey=True)
+                self._wrapper.column = 0
+            self._plain(("\n" if self._last_char != "\n" else "") + "...done thinking.\n\n")
+
+    def _plain(self, text: str) -> None:
+        self.out.write(text)
+        self._last_char = text[-1]
 
     def write(self, piece: str, drafted: bool = False) -> None:
+        self._end_thinking()
         self.text += piece
         segments = self._wrapper.feed(piece, drafted) if self._wrapper else [(piece, drafted)]
         self._emit(segments)
 
     def finish(self) -> None:
         """Write what wrapping held back and end the last line."""
+        self._end_thinking()
         if self._wrapper:
             self._emit(self._wrapper.flush())
         if self._last_char != "\n":
@@ -153,11 +191,13 @@ class AnswerWriter:
             self._last_char = "\n"
         self.out.flush()
 
-    def _emit(self, segments: list[Segment]) -> None:
+    def _emit(self, segments: list[Segment], grey: bool = False) -> None:
         for text, drafted in segments:
             if not text:
                 continue
-            if drafted and self.colour:
+            if grey and self.grey:
+                self.out.write(THINKING_COLOUR + text + RESET)
+            elif drafted and self.colour:
                 self.out.write(DRAFT_COLOUR + text + RESET)
             else:
                 self.out.write(text)
@@ -174,8 +214,11 @@ def stream_answer(
     for item in events:
         message = item.get("message") if chat else None
         piece = message.get("content", "") if isinstance(message, Mapping) else ""
+        thinking = message.get("thinking", "") if isinstance(message, Mapping) else ""
         if not chat:
-            piece = item.get("response", "")
+            piece, thinking = item.get("response", ""), item.get("thinking", "")
+        if isinstance(thinking, str) and thinking:
+            writer.think(thinking)
         if isinstance(piece, str) and piece:
             writer.write(piece, bool(item.get("drafted")))
         if item.get("done"):
@@ -191,6 +234,14 @@ def close_stream(events: Iterator[dict[str, Any]]) -> None:
         events.close()
 
 
-def answer_writer(out: TextIO, *, wordwrap: bool, show_draft: bool) -> AnswerWriter:
+def answer_writer(
+    out: TextIO, *, wordwrap: bool, show_draft: bool, show_thinking: bool = True
+) -> AnswerWriter:
     """The writer for one answer to ``out``, wrapped and coloured as the terminal allows."""
-    return AnswerWriter(out, width=wrap_width(out, wordwrap), colour=use_colour(out, show_draft))
+    return AnswerWriter(
+        out,
+        width=wrap_width(out, wordwrap),
+        colour=use_colour(out, show_draft),
+        grey=is_terminal(out) and not no_colour(),
+        show_thinking=show_thinking,
+    )

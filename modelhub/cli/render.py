@@ -230,6 +230,25 @@ def _draft_rows(draft: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+_ADAPTER_LABELS = {
+    "from": "from",
+    "adapter_type": "type",
+    "architecture": "architecture",
+    "rank": "rank",
+    "alpha": "alpha",
+    "tensors": "tensors",
+    "size": "size",
+}
+
+
+def _adapter_rows(adapter: Mapping[str, Any]) -> list[list[str]]:
+    return [
+        [label, _draft_value(key, adapter[key])]
+        for key, label in _ADAPTER_LABELS.items()
+        if adapter.get(key) not in (None, "")
+    ]
+
+
 def _parameter_rows(parameters: str) -> list[list[str]]:
     rows = []
     for line in parameters.splitlines():
@@ -240,8 +259,9 @@ def _parameter_rows(parameters: str) -> list[list[str]]:
 
 
 def show_summary(info: Mapping[str, Any], *, verbose: bool = False) -> str:
-    """The `show MODEL` summary: Model, Capabilities, Projector, Draft, Parameters, System,
-    License, and with ``verbose`` Metadata and Tensors. Sections without content are left out."""
+    """The `show MODEL` summary: Model, Capabilities, Projector, Draft, Adapter, Parameters,
+    System, License, and with ``verbose`` Metadata and Tensors. Sections without content are
+    left out."""
     sections = []
     model_rows = _model_rows(info)
     if model_rows:
@@ -261,6 +281,9 @@ def show_summary(info: Mapping[str, Any], *, verbose: bool = False) -> str:
     draft = info.get("draft") or (info.get("details") or {}).get("draft")
     if isinstance(draft, Mapping) and draft:
         sections.append(_section("Draft", _draft_rows(draft)))
+    for adapter in info.get("adapters") or []:
+        if isinstance(adapter, Mapping):
+            sections.append(_section("Adapter", _adapter_rows(adapter)))
     if info.get("parameters"):
         sections.append(_section("Parameters", _parameter_rows(str(info["parameters"]))))
     if info.get("system"):

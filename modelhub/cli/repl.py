@@ -152,7 +152,12 @@ class Repl:
         """One turn: the answer streams to stdout; Ctrl-C stops it and forgets the turn."""
         state = self.state
         state.messages.append({"role": "user", "content": text})
-        writer = answer_writer(self.out, wordwrap=state.wordwrap, show_draft=state.show_draft)
+        writer = answer_writer(
+            self.out,
+            wordwrap=state.wordwrap,
+            show_draft=state.show_draft,
+            show_thinking=not state.hide_thinking,
+        )
         events = self.client.stream("POST", "/api/chat", state.chat_body())
         try:
             final = stream_answer(events, writer, chat=True)

@@ -45,6 +45,8 @@ Available commands:
   /set noformat          Answer in free text
   /set verbose           Show timings and draft acceptance after each answer
   /set quiet             Do not show them
+  /set think [effort]    Reason before answering (thinking models; low, medium, high)
+  /set nothink           Answer without reasoning
 """
 
 HELP_SHOW = """\
@@ -108,6 +110,8 @@ class ReplState:
     show_draft: bool = False
     history: bool = True
     keep_alive: str | float | None = None
+    think: bool | str | None = None  # unset: the model decides (thinking models think)
+    hide_thinking: bool = False
 
     def chat_body(self) -> dict[str, Any]:
         """The ``/api/chat`` request for the conversation so far."""
@@ -116,6 +120,8 @@ class ReplState:
             body["options"] = self.options
         if self.format:
             body["format"] = self.format
+        if self.think is not None:
+            body["think"] = self.think
         if self.keep_alive is not None:
             body["keep_alive"] = self.keep_alive
         return body
@@ -266,6 +272,15 @@ def apply_set(state: ReplState, args: list[str], raw: str = "") -> str:
     if what == "noformat":
         state.format = None
         return "Disabled format."
+    if what == "think":
+        effort = args[1].lower() if len(args) > 1 else ""
+        if effort not in ("", "low", "medium", "high"):
+            raise ReplError(f"Invalid think level '{args[1]}': use low, medium or high")
+        state.think = effort or True
+        return f"Set 'think' mode{f' to {effort}' if effort else ''}."
+    if what == "nothink":
+        state.think = False
+        return "Set 'nothink' mode."
     raise ReplError(f"Unknown command '/set {args[0]}'. Type /? set for help")
 
 

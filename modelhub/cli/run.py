@@ -51,6 +51,7 @@ __all__ = [
     "run",
     "stats_lines",
     "stream_answer",
+    "think_value",
     "use_colour",
     "wrap_width",
 ]
@@ -85,11 +86,18 @@ def ensure_model(client: Client, model: str, *, insecure: bool = False) -> dict[
 
 
 def generate_body(
-    model: str, prompt: str, *, fmt: str | None, keep_alive: str | float | None
+    model: str,
+    prompt: str,
+    *,
+    fmt: str | None,
+    keep_alive: str | float | None,
+    think: bool | str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": True}
     if fmt:
         body["format"] = fmt
+    if think is not None:
+        body["think"] = think
     if keep_alive is not None:
         body["keep_alive"] = keep_alive
     return body
@@ -104,12 +112,15 @@ def one_shot(
     show_draft: bool,
     out: TextIO,
     err: TextIO,
+    show_thinking: bool = True,
 ) -> None:
     """Stream one ``/api/generate`` answer to ``out`` (statistics to ``err`` if verbose).
 
     Ctrl-C closes the stream, which makes the daemon stop generating, and exits with 130.
     """
-    writer = answer_writer(out, wordwrap=wordwrap, show_draft=show_draft)
+    writer = answer_writer(
+        out, wordwrap=wordwrap, show_draft=show_draft, show_thinking=show_thinking
+    )
     events = client.stream("POST", "/api/generate", body)
     try:
         final = stream_answer(events, writer, chat=False)
@@ -146,6 +157,15 @@ Environment:
     metavar="DURATION",
     help="How long the model stays loaded afterwards (5m, 1h; -1 keeps it loaded).",
 )
+@click.option(
+    "--think",
+    type=click.Choice(["true", "false", "low", "medium", "high"]),
+    is_flag=False,
+    flag_value="true",
+    default=None,
+    help="Let a thinking model reason first (an effort: low, medium, high); false: do not.",
+)
+@click.option("--hidethinking", is_flag=True, help="Think, but show only the answer.")
 @click.option("--nowordwrap", is_flag=True, help="Do not wrap long lines at word boundaries.")
 @click.option("--show-draft", is_flag=True, help="Colour tokens that came from accepted drafts.")
 @click.option("--insecure", is_flag=True, help="Allow plain HTTP when the model must be pulled.")
@@ -155,6 +175,8 @@ def run(
     verbose: bool,
     fmt: str | None,
     keepalive: str | None,
+    think: str | None,
+    hidethinking: bool,
     nowordwrap: bool,
     show_draft: bool,
     insecure: bool,
@@ -165,6 +187,7 @@ def run(
     first. In the chat, type /? for help.
     """
     keep_alive = keep_alive_value(keepalive) if keepalive is not None else None
+    thinking = think_value(think)
     parts = list(prompt)
     interactive = not parts and is_terminal(sys.stdin) and is_terminal(sys.stdout)
     if not is_terminal(sys.stdin):
@@ -183,10 +206,12 @@ def run(
             wordwrap=not nowordwrap,
             show_draft=show_draft,
             keep_alive=keep_alive,
+            think=thinking,
+            hide_thinking=hidethinking,
         )
         run_repl(client, state, info)
         return
-    body = generate_body(model, " ".join(parts), fmt=fmt, keep_alive=keep_alive)
+    body = generate_body(model, " ".join(parts), fmt=fmt, keep_alive=keep_alive, think=thinking)
     one_shot(
         client,
         body,
@@ -195,4 +220,12 @@ def run(
         show_draft=show_draft,
         out=sys.stdout,
         err=sys.stderr,
+        show_thinking=not hidethinking,
     )
+
+
+def think_value(flag: str | None) -> bool | str | None:
+    """``--think`` as the API's ``think``: true/false, an effort, or unset."""
+    if flag is None:
+        return None
+    return {"true": True, "false": False}.get(flag, flag)

@@ -20,6 +20,7 @@ Environment:
   MODELHUB_MAX_LOADED_MODELS  Models kept loaded at once (default 3)
   MODELHUB_NUM_PARALLEL       Requests served at once per model (default 4, or 1 if memory is short)
   MODELHUB_NUM_THREADS        CPU threads per model (default: all cores)
+  MODELHUB_CONTEXT_LENGTH     Default num_ctx in tokens (default 4096)
   MODELHUB_MAX_QUEUE          Requests that may wait before "server busy" (default 512)
   MODELHUB_NOPRUNE            Keep unreferenced blobs when overwriting a model
   MODELHUB_MEMORY_LIMIT       Memory all loaded models may use together (e.g. "8GiB")

@@ -34,6 +34,7 @@ from modelhub.engine.options import (
     GenerateOptions,
     GenerateResult,
     TokenEvent,
+    bounded_num_predict,
     validate_config,
 )
 from modelhub.engine.sampling import Sampler
@@ -92,6 +93,8 @@ class Engine:
             log.info("head size %d: F16 KV cache", self.model.head_size_k())
             self.kv_cache_type = "f16"
         try:
+            for path in cfg.adapter_paths:  # the model's ADAPTER: the target's contexts apply it
+                self.model.load_adapter(Path(path))
             self.ctx = LlamaContext(
                 self.model,
                 n_ctx=n_ctx,
@@ -100,6 +103,7 @@ class Engine:
                 n_seq=self.n_parallel,
                 kv_cache_type=self.kv_cache_type,
             )
+            self.ctx.set_adapters(self.model.adapters, cfg.adapter_scale)
         except BaseException:
             self.model.close()
             raise
@@ -229,6 +233,7 @@ class Engine:
         ``on_done(None, error)`` is called from the batch thread when it ends. A prompt that
         cannot be served raises here."""
         self._check_prompt(prompt_tokens)
+        options = bounded_num_predict(options, self.n_ctx)
         constraint = GrammarConstraint(self.model, options.grammar) if options.grammar else None
         sampler = Sampler(
             options, self.model.n_vocab, n_ctx=self.n_ctx, seed=options.seed, constraint=constraint
@@ -248,7 +253,7 @@ class Engine:
         self, slot: Slot, options: GenerateOptions, prediction: list[int] | None
     ) -> tuple[Drafter | None, int]:
         """The drafter and its K bound for a request in ``slot`` (None: plain decoding)."""
-        if self.drafting_disabled is not None or options.grammar:
+        if self.drafting_disabled is not None:
             return None, 0
         k_max = self.cfg.draft_num_predict
         if options.draft_num_predict is not None:
@@ -311,6 +316,7 @@ class Engine:
     def _embedding_context(self) -> LlamaContext:
         if self._embed_ctx is None:
             self._embed_ctx = embedding_context(self.model, self.n_ctx, self.n_threads)
+            self._embed_ctx.set_adapters(self.model.adapters, self.cfg.adapter_scale)
         return self._embed_ctx
 
     # ---- lifetime ----------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Schemas become GBNF through llama-cpp-python's converter (``LlamaGrammar``); the grammar itself
 runs in llama.cpp's grammar sampler, which we use only as a mask over a token-data array and
-advance with each emitted token. Speculation is off for constrained requests (SPEC-12), so the
-mask only ever sees the committed sequence.
+advance with each emitted token. Drafting under a grammar checks drafts and verification rows
+against clones advanced past the drafts before them (:meth:`GrammarConstraint.clone`); the
+request's own constraint only ever sees the committed sequence.
 """
 
 from __future__ import annotations
@@ -87,6 +88,18 @@ class GrammarConstraint:
 
     def accept(self, token: int) -> None:
         llama_cpp.llama_sampler_accept(self._handle, token)
+
+    def clone(self) -> GrammarConstraint:
+        """An independent copy in the same state (to look ahead through drafted tokens)."""
+        handle = llama_cpp.llama_sampler_clone(self._handle)
+        if not handle:
+            raise InputError("the grammar could not be copied for drafting")
+        twin = object.__new__(GrammarConstraint)
+        twin._handle = handle
+        twin._n_vocab = self._n_vocab
+        twin._data = self._data  # scratch space, filled before each use
+        twin._one = np.zeros(1, dtype=_TOKEN_DATA)
+        return twin
 
     def close(self) -> None:
         if getattr(self, "_handle", None):

@@ -134,6 +134,14 @@ class LlamaModel:
         self._specials: tuple[frozenset[str], list[int], re.Pattern[str]] | None = None
         self._prefixes: frozenset[str] = frozenset()  # every prefix of a special token
         self._max_piece = 0
+        self.adapters: list[LlamaAdapter] = []
+
+    def load_adapter(self, path: Path) -> LlamaAdapter:
+        """Load a GGUF LoRA adapter for this model (freed with it; apply it to a context with
+        :meth:`LlamaContext.set_adapters`)."""
+        adapter = LlamaAdapter(self, path)
+        self.adapters.append(adapter)
+        return adapter
 
     def head_size_k(self) -> int:
         """Width of one attention head's key (what a quantised K cache must divide)."""
@@ -293,8 +301,35 @@ class LlamaModel:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 
     def close(self) -> None:
+        for adapter in self.adapters:  # before the model they belong to
+            adapter.close()
+        self.adapters = []
         if self.handle:
             llama_cpp.llama_model_free(self.handle)
+            self.handle = None
+
+
+class LlamaAdapter:
+    """A LoRA adapter GGUF loaded for one model; llama.cpp checks its architecture, tensor
+    names and shapes against the model and refuses a mismatch."""
+
+    def __init__(self, model: LlamaModel, path: Path) -> None:
+        if not path.is_file():
+            raise GGUFError(f"adapter file not found: {path}")
+        _recent_messages.clear()
+        handle = llama_cpp.llama_adapter_lora_init(model.handle, str(path).encode())
+        if not handle:
+            detail = recent_native_messages() or "no details"
+            raise GGUFError(
+                f"llama.cpp could not load the LoRA adapter {path.name} for "
+                f"{model.path.name}: {detail}"
+            )
+        self.path = path
+        self.handle: Any = handle
+
+    def close(self) -> None:
+        if self.handle:
+            llama_cpp.llama_adapter_lora_free(self.handle)
             self.handle = None
 
 
@@ -303,8 +338,9 @@ class LlamaContext:
 
     ``n_seq`` sequences (0..n_seq-1) each get ``n_ctx`` positions in a KV stream of their own
     (llama.cpp's non-unified cache): a sequence's cells then sit in position order whatever
-    the others do, so its logits are those it would get alone (bit for bit where the kernels
-    are row-independent, see the module docstring). :meth:`decode` serves sequence 0;
+    the others do (after a :meth:`shift`, in the order the freed cells are refilled, the same
+    for every batch shape), so its logits are those it would get alone (bit for bit where the
+    kernels are row-independent, see the module docstring). :meth:`decode` serves sequence 0;
     :meth:`decode_rows` evaluates rows of several sequences in one ``llama_decode``.
     """
 
@@ -482,9 +518,31 @@ class LlamaContext:
         """Forget everything sequence ``seq`` holds (possible for every kind of memory)."""
         llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
 
+    def shift(self, keep: int, discard: int, seq: int = 0) -> bool:
+        """Context shift: drop positions ``keep..keep+discard-1`` of ``seq`` and move the
+        later ones down by ``discard``; llama.cpp re-rotates their keys (RoPE) at the next
+        decode (a quantised K cache is dequantised, rotated and quantised again). False, with
+        nothing changed, when this memory cannot (recurrent state, M-RoPE)."""
+        if not llama_cpp.llama_memory_can_shift(self.memory):
+            return False
+        if not llama_cpp.llama_memory_seq_rm(self.memory, seq, keep, keep + discard):
+            return False
+        llama_cpp.llama_memory_seq_add(self.memory, seq, keep + discard, -1, -discard)
+        return True
+
     def pos_max(self, seq: int = 0) -> int:
         """Highest cached position of ``seq`` (-1 when empty)."""
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
+
+    def set_adapters(self, adapters: Sequence[LlamaAdapter], scale: float = 1.0) -> None:
+        """Apply ``adapters`` (each at ``scale``) to every later decode of this context; the
+        adapters must outlive it (they are freed with their model, after its contexts)."""
+        n = len(adapters)
+        if n == 0:
+            return
+        handles = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(a.handle for a in adapters))
+        scales = (ctypes.c_float * n)(*([scale] * n))
+        llama_cpp.llama_set_adapters_lora(self.handle, handles, n, scales)
 
     def embeddings_seq(self) -> npt.NDArray[np.float32]:
         ptr = llama_cpp.llama_get_embeddings_seq(self.handle, 0)

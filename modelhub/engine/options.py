@@ -6,7 +6,8 @@ These are the engine's public API (the runner and the benchmarks build them); se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -34,7 +35,9 @@ class EngineConfig:
     ``n_parallel`` sequences run at once, each with ``n_ctx`` positions of its own (MTP
     drafting serves one). ``kv_cache_type`` is the target's KV cache type: ``auto`` (keys Q8_0,
     values F16: the CPU attention kernel then is the same for every batch shape, see
-    ``llama.KV_TYPES``), or ``f16``, ``q8_0``, ``q4_0`` for both.
+    ``llama.KV_TYPES``), or ``f16``, ``q8_0``, ``q4_0`` for both. ``adapter_paths`` are GGUF
+    LoRA adapters applied to the target (its generation and embedding contexts, not a draft
+    model) at ``adapter_scale`` times their own ``alpha / rank``.
     """
 
     model_path: Path
@@ -52,6 +55,8 @@ class EngineConfig:
     repack: bool | None = None
     n_parallel: int = 1
     kv_cache_type: str = "auto"
+    adapter_paths: list[Path] = field(default_factory=list)
+    adapter_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class GenerateOptions(SamplingParams):
     """Per-request options (Ollama's runtime options, docs/api.md "Options"): the sampling
     options of :class:`SamplingParams` plus what shapes the request.
 
-    ``num_predict`` < 0 means no limit but the context. ``seed`` < 0 or None draws a random seed.
+    ``num_predict`` < 0 means no limit but ten contexts (see :func:`bounded_num_predict`; the
+    context itself without ``shift``). ``seed`` < 0 or None draws a random seed.
     ``grammar`` is GBNF text (see ``grammar.format_grammar`` for Ollama's ``format``); a
     constrained request is decoded without drafting. ``draft_num_predict`` overrides the engine's
     bound for this request (0 turns drafting off). ``acceptance_rule`` is the rejection-sampling
@@ -67,15 +73,23 @@ class GenerateOptions(SamplingParams):
     ``sampling_verify`` selects how sampled requests verify drafts: ``"rejection"`` (rejection
     sampling, the default) or ``"compare"`` (sample the target, accept while it equals the
     draft: llama.cpp's rule, kept for benchmarks).
+    ``top_logprobs``: None returns no log-probabilities; n >= 0 gives every emitted token its
+    log-probability and the n most likely alternatives (``Sampler.log_distribution``).
+    ``shift`` (Ollama's request field): when the context fills, keep the first ``num_keep``
+    tokens (plus BOS; < 0: the whole prompt), discard half of the rest and go on (False:
+    stop with ``length``).
     """
 
     num_predict: int = -1
+    num_keep: int = 4
+    shift: bool = True
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None
     draft_num_predict: int | None = None
     acceptance_rule: AcceptanceRule = rejection_step
     sampling_verify: Literal["rejection", "compare"] = "rejection"
+    top_logprobs: int | None = None
 
 
 @dataclass
@@ -83,11 +97,23 @@ class TokenEvent:
     """One emitted token. ``text`` is what is safe to show now: incomplete UTF-8 sequences and a
     possible beginning of a stop string are held back and arrive with later events. At the end,
     held-back text that turned out not to be a stop string arrives in an event with
-    ``token == -1``. ``drafted`` is True when the token came from an accepted draft."""
+    ``token == -1``. ``drafted`` is True when the token came from an accepted draft;
+    ``logprob`` is set when the request asked for log-probabilities."""
 
     token: int
     text: str
     drafted: bool
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability and the ``top`` alternatives, (token, logprob) best
+    first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -120,6 +146,20 @@ class GenerateResult:
         return self.draft_accepted_count / self.draft_count if self.draft_count else 0.0
 
 
+# With context shift a generation could go on for ever: as Ollama, at most this many contexts.
+OPEN_ENDED_CONTEXTS = 10
+
+
+def bounded_num_predict(options: GenerateOptions, n_ctx: int) -> GenerateOptions:
+    """``options`` with ``num_predict`` at most ``OPEN_ENDED_CONTEXTS * n_ctx`` when the
+    context shifts (-1 included: Ollama's ``boundedNumPredict``); without ``shift`` the
+    context itself bounds it."""
+    limit = OPEN_ENDED_CONTEXTS * n_ctx
+    if not options.shift or 0 <= options.num_predict <= limit:
+        return options
+    return replace(options, num_predict=limit)
+
+
 def validate_config(cfg: EngineConfig) -> None:
     if cfg.n_ctx < 8:
         raise InputError(f"num_ctx={cfg.n_ctx} is too small: use at least 8")
@@ -139,5 +179,7 @@ def validate_config(cfg: EngineConfig) -> None:
         raise InputError(f"kv_cache_type {cfg.kv_cache_type!r} is not one of {', '.join(KV_TYPES)}")
     if not 0.0 <= cfg.draft_p_min <= 1.0:
         raise InputError(f"draft_p_min={cfg.draft_p_min} must be between 0 and 1")
+    if not math.isfinite(cfg.adapter_scale):
+        raise InputError(f"adapter_scale={cfg.adapter_scale} must be a finite number")
     if cfg.draft_kind == "draft_model" and cfg.draft_path is None:
         raise InputError("draft_kind 'draft_model' needs draft_path")

@@ -9,6 +9,7 @@ daemon -> runner
    "options": {GenerateOptions fields}, "prediction": "text" | null, "grammar": GBNF | null}
   {"op": "embed", "id": "...", "texts": ["..."]}
   {"op": "tokenize", "id": "...", "text": "...", "add_special": true}
+  {"op": "count", "id": "...", "texts": ["..."], "add_special": true}   (token counts)
   {"op": "cancel", "id": "..."}
   {"op": "shutdown"}
 runner -> daemon
@@ -20,6 +21,7 @@ runner -> daemon
   {"id": "...", "event": "done", "result": {GenerateResult fields, "context": [ids]}}
   {"id": "...", "event": "embeddings", "embeddings": [[...]], "prompt_eval_count": n}
   {"id": "...", "event": "tokens", "tokens": [ids]}
+  {"id": "...", "event": "counts", "counts": [n]}
   {"id": "...", "event": "error", "message": "...", "kind": "invalid_request" | ...}
 
 ``kind`` is an ``errors.ErrorKind`` label; the daemon raises the error class of that kind.
@@ -40,9 +42,13 @@ import threading
 import traceback
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from modelhub.errors import ErrorKind, ModelhubError
+
+if TYPE_CHECKING:  # the engine (llama.cpp) loads only in the runner's own start-up
+    from modelhub.engine.generate import Engine
+    from modelhub.engine.options import TokenLogprob
 
 _STOP = object()
 
@@ -105,6 +111,7 @@ class Runner:
         for key in ("model_path", "draft_path"):
             if cfg.get(key):
                 cfg[key] = Path(cfg[key])
+        cfg["adapter_paths"] = [Path(p) for p in cfg.get("adapter_paths") or []]
         try:
             self.engine = Engine(EngineConfig(**cfg))
         except ModelhubError as exc:
@@ -183,6 +190,13 @@ class Runner:
                 str(msg.get("text", "")), add_special=bool(msg.get("add_special", True))
             )
             self.send({"id": rid, "event": "tokens", "tokens": tokens})
+        elif op == "count":
+            special = bool(msg.get("add_special", True))
+            counts = [
+                len(engine.tokenize(str(t), add_special=special, cancel=cancel))
+                for t in msg.get("texts") or []
+            ]
+            self.send({"id": rid, "event": "counts", "counts": counts})
         else:
             self._send_error(rid, f"unknown op {op!r}", ErrorKind.INVALID.label)
         return True
@@ -205,8 +219,11 @@ class Runner:
         self.send({"id": rid, "event": "prompt", "prompt_tokens": len(tokens)})
 
         def on_token(ev: TokenEvent) -> None:
-            if ev.text:
-                self.send({"id": rid, "event": "token", "text": ev.text, "drafted": ev.drafted})
+            if ev.text or ev.logprob is not None:
+                event = {"id": rid, "event": "token", "text": ev.text, "drafted": ev.drafted}
+                if ev.logprob is not None:
+                    event["logprob"] = _logprob_entry(engine, ev.logprob)
+                self.send(event)
 
         def on_done(result: GenerateResult | None, error: BaseException | None) -> None:
             try:
@@ -223,6 +240,17 @@ class Runner:
                 self._forget(rid)
 
         engine.submit(tokens, opts, on_done, on_token=on_token, cancel=cancel, prediction=predicted)
+
+
+def _logprob_entry(engine: Engine, lp: TokenLogprob) -> dict[str, Any]:
+    """A token's log-probability as the APIs spell it: the token's text and bytes too."""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        piece = engine.token_piece_bytes(token)
+        text = piece.decode("utf-8", "replace")
+        return {"token": text, "logprob": logprob, "bytes": list(piece)}
+
+    return {**entry(lp.token, lp.logprob), "top": [entry(t, v) for t, v in lp.top]}
 
 
 def die_with_parent() -> None:

@@ -12,6 +12,7 @@ logits.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ import numpy.typing as npt
 from modelhub.errors import InputError
 
 FloatArray = npt.NDArray[np.float32]
+# Under a grammar, greedy decoding asks this many of the best tokens before masking all.
+_GREEDY_PROBES = 64
 IdArray = npt.NDArray[np.int64]
 
 
@@ -35,6 +38,11 @@ class TokenConstraint(Protocol):
         """Set the logits of every forbidden token to -inf, in place."""
 
     def accept(self, token: int) -> None: ...
+
+    def clone(self) -> TokenConstraint:
+        """An independent copy in the same state."""
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,12 @@ class Sampler:
     def greedy(self) -> bool:
         return self.params.greedy
 
+    def with_constraint(self, constraint: TokenConstraint | None) -> Sampler:
+        """This sampler (same options, same random stream) under another constraint state."""
+        twin = copy.copy(self)
+        twin.constraint = constraint
+        return twin
+
     def penalised(self, logits: FloatArray, history: Sequence[int]) -> FloatArray:
         """The logits after repeat/presence/frequency penalties (a copy when anything changes)."""
         p = self.params
@@ -172,8 +186,25 @@ class Sampler:
         scores = self.penalised(logits, history)
         token = int(np.argmax(scores))
         if self.constraint is not None and not self.constraint.allows(token):
-            token = int(np.argmax(self._constrained(scores)))
+            token = self._best_allowed(scores)
         return token
+
+    def _best_allowed(self, scores: FloatArray) -> int:
+        """The best token the grammar allows: the leading candidates are asked one by one
+        (masking the whole vocabulary costs far more); the mask only when none of them is
+        allowed, or when the one found ties a candidate left out (then the lowest id of the
+        tie must win, as ``argmax`` over the mask would choose)."""
+        assert self.constraint is not None
+        n = min(_GREEDY_PROBES, len(scores))
+        lead = np.argpartition(-scores, n - 1)[:n]
+        lead = lead[np.lexsort((lead, -scores[lead]))]  # best first, lowest id among ties
+        floor = scores[lead[-1]]
+        for token in lead[1:]:
+            if scores[token] <= floor and n < len(scores):
+                break
+            if self.constraint.allows(int(token)):
+                return int(token)
+        return int(np.argmax(self._constrained(scores)))
 
     def candidates(self, logits: FloatArray, history: Sequence[int]) -> Candidates:
         """The distribution the next token is drawn from (one-hot when greedy)."""
@@ -185,6 +216,27 @@ class Sampler:
     def probs(self, logits: FloatArray, history: Sequence[int]) -> FloatArray:
         """Full-vocabulary probability vector; satisfies ``base.ProbabilityFn``."""
         return self.candidates(logits, history).dense(self.n_vocab)
+
+    def log_distribution(
+        self, logits: FloatArray, history: Sequence[int]
+    ) -> npt.NDArray[np.float64]:
+        """Log-probabilities of every token under the transforms the request asked for
+        (penalties, grammar, truncation, temperature): -inf outside what can be drawn. Greedy
+        requests get the penalised distribution at temperature 1 (their one-hot choice would
+        say nothing)."""
+        scores = self.penalised(logits, history)
+        if self.constraint is not None:
+            scores = self._constrained(scores)
+        if self.greedy:
+            shifted = scores.astype(np.float64) - np.max(scores)
+            with np.errstate(divide="ignore"):
+                result: npt.NDArray[np.float64] = shifted - np.log(np.exp(shifted).sum())
+            return result
+        cand = self._truncate(scores)
+        out = np.full(self.n_vocab, -np.inf)
+        with np.errstate(divide="ignore"):
+            out[cand.ids] = np.log(cand.probs)
+        return out
 
     def sample(self, logits: FloatArray, history: Sequence[int]) -> int:
         """Draw the next token. With a grammar, try the unconstrained draw first (as llama.cpp

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult
-from modelhub.engine.sampling import Sampler
+from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult, TokenLogprob
+from modelhub.engine.sampling import Sampler, TokenConstraint
+from modelhub.engine.shift import follow_shift, keep_count, shift_sequence
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Drafter
 from modelhub.engine.speculative.draft_model import common_prefix
@@ -143,6 +144,7 @@ class Generation:
             self.finish("length")
             return
         first = self.sampler.sample(logits(row), self.prompt)
+        logprob = self._logprob(logits(row), self.prompt, first)
         self.sampler.accept(first)
         self.tokens = [*self.prompt, first]
         drafter = self.drafter
@@ -153,7 +155,7 @@ class Generation:
             drafter.begin(self.prompt)
             self.controller = self.engine.controller(drafter.kind, self.k_max)
         self.phase = "decode"
-        if not self.committer.commit(first, drafted=False):
+        if not self.committer.commit(first, drafted=False, logprob=logprob):
             self.finish(self.committer.done or "stop")
 
     def _new_result(self) -> None:
@@ -173,15 +175,15 @@ class Generation:
     # ---- rounds --------------------------------------------------------------------------------
     def plan_round(self, max_rows: int) -> list[int] | None:
         """The rows of this round, ``[pending, drafts...]`` (at most ``max_rows``); None when
-        the request ended instead (cancelled, or the context is full)."""
+        the request ended instead (cancelled, or the context is full and cannot shift)."""
         if self.cancelled:
             self.finish("cancel")
             return None
-        n_past = len(self.tokens) - 1
-        room = self.engine.n_ctx - n_past  # positions left for [pending, drafts...]
-        if room < 1:
+        if len(self.tokens) - 1 >= self.engine.n_ctx and not self._shift():
             self.finish("length")
             return None
+        n_past = len(self.tokens) - 1
+        room = self.engine.n_ctx - n_past  # positions left for [pending, drafts...]
         controller = self.controller
         k = controller.next_k() if controller is not None else 0
         k = min(k, self.k_max, room - 1, max_rows - 1)
@@ -209,6 +211,8 @@ class Generation:
         if proposal.confidence is not None and self.controller is not None:
             drafts = drafts[: self.controller.cut(proposal.confidence[: len(drafts)])]
         q = proposal.probs[: len(drafts)] if proposal.probs is not None else None
+        if sampler.constraint is not None and q is None:
+            drafts = _allowed_prefix(sampler.constraint, drafts)
         if len(drafts) < max(1, self.engine.cfg.draft_min):
             drafts, q = [], None
         self._drafts, self._q = drafts, q
@@ -225,7 +229,7 @@ class Generation:
             slot.drafter.observe_target(batch, n_past, first_row)
         t_verify = time.perf_counter_ns()
         new, accepted = self._verify(logits, first_row)
-        kept = self._commit(new, accepted)
+        kept = self._commit(new, accepted, logits, first_row)
         t_done = time.perf_counter_ns()
         if isinstance(slot.drafter, TargetObserver):
             slot.drafter.rollback(len(tokens) - 1)
@@ -255,9 +259,21 @@ class Generation:
         """The tokens this round emits and how many of them are accepted drafts. Row i is the
         target's prediction after row i's token; greedy keeps the drafts equal to its choice,
         sampling uses rejection sampling, so the output is the target's own either way."""
-        sampler, options, drafts, q = self.sampler, self.options, self._drafts, self._q
-        if not drafts:
+        sampler = self.sampler
+        if not self._drafts:
             return [sampler.sample(logits(first_row), self.tokens)], 0
+        # Under a grammar, row i is judged in the grammar's state after drafts[:i].
+        probe = sampler.constraint.clone() if sampler.constraint is not None else None
+        try:
+            return self._verify_rows(logits, first_row, sampler.with_constraint(probe))
+        finally:
+            if probe is not None:
+                probe.close()
+
+    def _verify_rows(
+        self, logits: RowLogits, first_row: int, sampler: Sampler
+    ) -> tuple[list[int], int]:
+        options, drafts, q = self.options, self._drafts, self._q
         new: list[int] = []
         history = list(self.tokens)
         for i in range(len(drafts) + 1):
@@ -278,18 +294,22 @@ class Generation:
             if not accepted:
                 break
             history.append(draft)
+            if sampler.constraint is not None:
+                sampler.constraint.accept(draft)
         return new, len(new) - 1
 
-    def _commit(self, new: Sequence[int], accepted: int) -> int:
-        """Commit the round's tokens in order and cut the cache back; returns how many."""
+    def _commit(self, new: Sequence[int], accepted: int, logits: RowLogits, first_row: int) -> int:
+        """Commit the round's tokens in order (token i is row ``first_row + i``'s) and cut the
+        cache back; returns how many."""
         assert self.slot is not None
         slot, tokens = self.slot, self.tokens
         n_past = len(tokens) - 1
         count = 0
         for i, token in enumerate(new):
             count += 1
+            logprob = self._logprob(logits(first_row + i), [*tokens, *new[:i]], token)
             self.sampler.accept(token)
-            if not self.committer.commit(token, drafted=i < accepted):
+            if not self.committer.commit(token, drafted=i < accepted, logprob=logprob):
                 break
         tokens.extend(new[:count])
         keep = n_past + count  # pending + the committed tokens except the new pending
@@ -301,7 +321,43 @@ class Generation:
             del slot.cached[keep:]
         return count
 
+    # ---- context shift -------------------------------------------------------------------------
+    def _shift(self) -> bool:
+        """The context is full: shift it (:mod:`modelhub.engine.shift`). ``tokens`` and
+        ``slot.cached`` lose the same tokens, so positions stay indices and the invariant
+        holds. It happens when the sequence reaches ``n_ctx``, whatever was drafted, so a
+        greedy output is the same with and without a drafter. False when the request turned
+        it off or the memory cannot shift."""
+        assert self.slot is not None
+        engine, slot = self.engine, self.slot
+        if not self.options.shift:
+            return False
+        keep = keep_count(self.options.num_keep, self.prompt, engine.model, engine.n_ctx)
+        discard = shift_sequence(engine, slot, self.tokens, keep)
+        if discard == 0:
+            return False
+        if not follow_shift(slot, self.drafter, self.tokens, keep, discard):
+            self.drafter, self.controller, self.k_max = None, None, 0
+        return True
+
+    def _logprob(
+        self, row: npt.NDArray[np.float32], history: Sequence[int], token: int
+    ) -> TokenLogprob | None:
+        """``token``'s log-probability at this row (and the best alternatives), from the
+        target's distribution: a drafted token's row is the one a plain decode would have."""
+        n_top = self.options.top_logprobs
+        if n_top is None:
+            return None
+        lp = self.sampler.log_distribution(row, history)
+        alternatives: list[tuple[int, float]] = []
+        if n_top > 0:
+            best = np.argpartition(-lp, min(n_top, len(lp)) - 1)[:n_top]
+            best = best[np.argsort(-lp[best], kind="stable")]
+            alternatives = [(int(t), float(lp[t])) for t in best if np.isfinite(lp[t])]
+        return TokenLogprob(int(token), float(lp[token]), alternatives)
+
     # ---- end -----------------------------------------------------------------------------------
+
     def finish(self, reason: DoneReason) -> None:
         if self.phase == "done":
             return
@@ -333,3 +389,19 @@ class Generation:
         if self.slot is not None:
             self.slot.busy = False
             self.slot.last_used = time.monotonic()
+
+
+def _allowed_prefix(constraint: TokenConstraint, drafts: list[int]) -> list[int]:
+    """The drafts up to the first one the grammar forbids (judged in the state the drafts
+    before it lead to). For drafts without a distribution this cut is what verification would
+    do anyway (a forbidden token is never the target's choice), so it changes nothing but the
+    rows spent on it."""
+    probe = constraint.clone()
+    try:
+        for i, token in enumerate(drafts):
+            if not probe.allows(token):
+                return drafts[:i]
+            probe.accept(token)
+        return drafts
+    finally:
+        probe.close()

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from modelhub.engine.options import DoneReason, GenerateOptions, TokenEvent
+from modelhub.engine.options import DoneReason, GenerateOptions, TokenEvent, TokenLogprob
 
 if TYPE_CHECKING:
     from modelhub.engine.llama import LlamaModel
@@ -97,15 +97,16 @@ class Committer:
         self.generated: list[int] = []
         self.done: DoneReason | None = None
 
-    def commit(self, token: int, drafted: bool) -> bool:
-        """Emit ``token``; False when generation ends with it."""
+    def commit(self, token: int, drafted: bool, logprob: TokenLogprob | None = None) -> bool:
+        """Emit ``token`` (with its log-probability, when asked for); False when generation
+        ends with it."""
         if self._model.is_eog(token):
             self.done = "stop"
             return False
         self.generated.append(token)
         text = self._stream.push(self._model.token_piece_bytes(token))
         if self._on_token is not None:
-            self._on_token(TokenEvent(token, text, drafted))
+            self._on_token(TokenEvent(token, text, drafted, logprob))
         if self._stream.stopped:
             self.done = "stop"
         elif 0 <= self._limit <= len(self.generated):

@@ -16,6 +16,8 @@ import logging
 from typing import Any
 
 from modelhub.errors import InputError
+from modelhub.gguf.adapter import check_adapter, exactness_warning
+from modelhub.gguf.info import GGUFInfo
 from modelhub.library.create_config import model_config, ordered_config
 from modelhub.library.create_draft import apply_draft
 from modelhub.library.create_layers import FLOAT_TYPES, LayerBuilder, Progress
@@ -83,6 +85,7 @@ class Creator(LayerBuilder):
         model_layer = _last(layers, MEDIA_MODEL)
         if model_layer is None:
             raise InputError("no base model was found: FROM must name a GGUF model file or model")
+        self._check_adapters(layers, self.views.gguf_info(model_layer.digest))  # before quantizing
         if req.quantize:
             model_layer = self.quantize(model_layer, req.quantize)
             layers = [model_layer if lay.media_type == MEDIA_MODEL else lay for lay in layers]
@@ -124,6 +127,17 @@ class Creator(LayerBuilder):
             return layers
         new = self.layers_from_files(req.adapters, MEDIA_ADAPTER)
         return [lay for lay in layers if lay.media_type != MEDIA_ADAPTER] + new
+
+    def _check_adapters(self, layers: list[Layer], target: GGUFInfo) -> None:
+        """Every adapter (new or inherited) must fit the base, as llama.cpp will apply it."""
+        for layer in layers:
+            if layer.media_type == MEDIA_ADAPTER:
+                self.status("checking adapter")
+                name = layer.from_ or layer.digest
+                info = self._info(layer.digest, name)
+                check_adapter(target, info, name)
+                if (warning := exactness_warning(info)) is not None:
+                    self.status(f"warning: ADAPTER {name}: {warning}")
 
     # -- texts and parameters ---------------------------------------------------------
     def _apply_texts(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from modelhub.errors import StoreError
+from modelhub.gguf.adapter import adapter_facts
 from modelhub.gguf.info import GGUFInfo, read_gguf_info, read_tokens
 from modelhub.store import (
     MEDIA_ADAPTER,
@@ -63,6 +64,7 @@ class ModelView:
     adapter_paths: list[Path] = field(default_factory=list)
     info: GGUFInfo | None = None
     draft_info: GGUFInfo | None = None
+    adapter_infos: list[GGUFInfo] = field(default_factory=list)  # with the info, in order
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -95,7 +97,23 @@ class ModelView:
         }
         if self.draft:
             details["draft"] = dict(self.draft)
+        if self.adapters:
+            details["adapters"] = [a.from_ or a.digest for a in self.adapters]
         return details
+
+    def adapter_summaries(self) -> list[dict[str, Any]]:
+        """Each adapter's layer (digest, file name, size) and, when read, its header facts."""
+        out = []
+        for i, layer in enumerate(self.adapters):
+            entry: dict[str, Any] = {
+                "digest": layer.digest,
+                "from": layer.from_ or "",
+                "size": layer.size,
+            }
+            if i < len(self.adapter_infos):
+                entry.update(adapter_facts(self.adapter_infos[i]).as_dict())
+            out.append(entry)
+        return out
 
 
 def rfc3339_local(ts: float) -> str:
@@ -189,6 +207,7 @@ class ModelViews:
             view.info = self.gguf_info(model_layer.digest)
             if draft_layer is not None:
                 view.draft_info = self.gguf_info(draft_layer.digest)
+            view.adapter_infos = [self.gguf_info(a.digest) for a in view.adapters]
         return view
 
     def _text(self, digest: str) -> str:

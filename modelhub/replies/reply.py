@@ -23,6 +23,12 @@ class ReplyPart:
     def __bool__(self) -> bool:
         return bool(self.thinking or self.content or self.calls)
 
+    def add(self, later: ReplyPart) -> None:
+        """Append a later part (the whole reply, gathered)."""
+        self.thinking += later.thinking
+        self.content += later.content
+        self.calls += later.calls
+
 
 class ReplyParser:
     def __init__(

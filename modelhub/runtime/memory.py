@@ -9,6 +9,8 @@ the machine down with it). It counts, for the target and for a draft model alike
   once per parallel sequence and scaled to the KV cache type in use (``with_sequences``);
 - compute buffers, roughly: a batch of logits and a batch of the widest activations, in F32.
 
+LoRA adapters add their file sizes (``adapters_estimate``).
+
 Recurrent state (Mamba-style models) is small next to the weights and is not counted. The
 figures are estimates meant to catch what cannot work, not to pack memory to the last byte.
 """
@@ -73,6 +75,11 @@ def estimate(info: GGUFInfo, n_ctx: int, n_batch: int) -> MemoryEstimate:
     n_ff = _number(info, "feed_forward_length") or 4 * n_embd
     compute = n_batch * (info.vocab_size + 4 * max(n_embd, n_ff)) * _F32
     return MemoryEstimate(weights=info.file_size, kv_cache=kv, compute=compute)
+
+
+def adapters_estimate(sizes: list[int]) -> MemoryEstimate:
+    """LoRA adapters: llama.cpp copies each file's tensors into memory of their own."""
+    return MemoryEstimate(weights=sum(sizes))
 
 
 def available_bytes() -> int | None:

@@ -1,8 +1,8 @@
 """From a stored model and a request's options to a runner load spec and runner options.
 
 Precedence as Ollama: built-in defaults < Modelfile PARAMETERs < request ``options``. Load-time
-options (context size, batch, threads, the draft) are part of a runner's identity; the rest are
-per request.
+options (context size, batch, threads, the draft, the adapter) are part of a runner's identity;
+the rest are per request.
 """
 
 from __future__ import annotations
@@ -12,17 +12,19 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from modelhub.config import DEFAULT_CONTEXT_LENGTH
 from modelhub.errors import InputError, ModelfileError
 from modelhub.library.views import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM, ModelView
 from modelhub.modelfile import check_parameter, coerce_option
-from modelhub.runtime.memory import estimate
+from modelhub.runtime.memory import adapters_estimate, estimate
 from modelhub.runtime.scheduler import LoadSpec
 
-DEFAULT_NUM_CTX = 4096
+DEFAULT_NUM_CTX = DEFAULT_CONTEXT_LENGTH
 LOAD_KEYS = ("num_ctx", "num_batch", "num_thread", "num_parallel", "draft_min", "draft_p_min")
-IGNORED_LOAD_KEYS = ("num_gpu", "main_gpu", "use_mmap", "num_keep")  # no accelerator paths here
+IGNORED_LOAD_KEYS = ("num_gpu", "main_gpu", "use_mmap")  # no accelerator paths here
 RUNTIME_KEYS = (
     "num_predict",
+    "num_keep",
     "temperature",
     "top_k",
     "top_p",
@@ -75,14 +77,17 @@ def plan(
     request_options: dict[str, Any] | None,
     *,
     num_threads: int = 0,
+    num_ctx: int = DEFAULT_NUM_CTX,
     embedding: bool = False,
     prediction: bool = False,
 ) -> Plan:
+    """``num_ctx`` is the context when neither the request nor the model sets one (the
+    daemon's ``MODELHUB_CONTEXT_LENGTH``)."""
     if view.model_path is None or view.info is None:
         raise InputError(f"model '{view.name.display}' has no GGUF weights to load")
     opts = merged_options(view, request_options)
     trained = view.info.context_length or 0
-    num_ctx = int(opts.get("num_ctx") or 0) or DEFAULT_NUM_CTX
+    num_ctx = int(opts.get("num_ctx") or 0) or num_ctx
     if trained and num_ctx > trained:
         if "num_ctx" in (request_options or {}) or "num_ctx" in view.parameters:
             raise InputError(
@@ -117,6 +122,9 @@ def plan(
     }
     if embedding:
         config["n_parallel"] = 1  # embeddings use a context of their own
+    if view.adapter_paths:
+        # Only when present: models without one keep their runner identity.
+        config["adapter_paths"] = [str(p) for p in view.adapter_paths]
     if kind == DRAFT_MTP_DRAFTER and view.draft_path is not None:
         config["draft_path"] = str(view.draft_path)
     if config["n_batch"] < bound + 1:
@@ -134,6 +142,7 @@ def plan(
     memory = estimate(view.info, num_ctx, config["n_batch"])
     if config["draft_path"] and view.draft_info is not None:
         memory = memory + estimate(view.draft_info, num_ctx, config["n_batch"])
+    memory = memory + adapters_estimate([a.size for a in view.adapters])
     spec = LoadSpec.make(
         view.name.display,
         view.stored.digest,

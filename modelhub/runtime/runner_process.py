@@ -24,6 +24,8 @@ from modelhub.errors import ErrorKind, ModelhubError, RunnerCrashedError, error_
 log = logging.getLogger("modelhub.runner")
 
 _ids = itertools.count(1)
+# The events that end a request (see the protocol in engine/runner.py).
+FINAL_EVENTS = frozenset({"done", "error", "embeddings", "tokens", "counts"})
 
 
 class RunnerProcess:
@@ -163,7 +165,7 @@ class RunnerProcess:
             while True:
                 event = await q.get()
                 kind = event.get("event")
-                if kind in ("done", "error", "embeddings", "tokens"):
+                if kind in FINAL_EVENTS:
                     finished = True
                 yield event
                 if finished:
@@ -197,7 +199,7 @@ class RunnerProcess:
 
 
 async def _drain(q: asyncio.Queue[dict[str, Any]]) -> None:
-    while (await q.get()).get("event") not in ("done", "error", "embeddings", "tokens"):
+    while (await q.get()).get("event") not in FINAL_EVENTS:
         pass
 
 

@@ -33,7 +33,13 @@ async def embed_texts(
     started: int,
 ) -> tuple[list[list[float]], int, int]:
     """(vectors, prompt tokens, load nanoseconds)."""
-    p = plan(view, options, num_threads=state.settings.num_threads, embedding=True)
+    p = plan(
+        view,
+        options,
+        num_threads=state.settings.num_threads,
+        num_ctx=state.settings.context_length,
+        embedding=True,
+    )
     load_ns = 0
     vectors: list[list[float]] = []
     count = 0

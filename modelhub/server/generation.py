@@ -20,9 +20,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from modelhub.errors import ErrorKind, ModelhubError, RequestCancelledError, error_for_kind
 from modelhub.runtime.planning import Plan
+from modelhub.runtime.scheduler import Loaded
 from modelhub.server.errors import error_body, error_response
 from modelhub.server.prompts import check_prompt_fits
 from modelhub.server.state import ServerState
+from modelhub.server.truncation import ChatFit, Count
 
 Event = dict[str, Any]
 
@@ -37,19 +39,56 @@ async def run_on_runner(
     keep_alive: float | None,
     msg: dict[str, Any],
     started_ns: int,
+    fit: ChatFit | None = None,
 ) -> AsyncIterator[Event]:
-    """Yield runner events; the first one is ``{"event": "ready", "load_duration": ns}``."""
+    """Yield runner events; the first one is ``{"event": "ready", "load_duration": ns}``.
+    With ``fit``, the prompt is what it makes on the runner (``msg["prompt"]`` is replaced)."""
     if msg.get("op") == "generate":
         n_ctx = int(dict(plan.spec.config).get("n_ctx") or 0)
-        text = str(msg.get("prompt") or "")
+        text = fit.shortest() if fit is not None else str(msg.get("prompt") or "")
         await asyncio.to_thread(check_prompt_fits, state, plan.spec.model_blob, text, n_ctx)
     async with state.scheduler.use(plan.spec, keep_alive) as loaded:
         yield {"event": "ready", "load_duration": time.monotonic_ns() - started_ns}
+        if fit is not None:
+            msg = {**msg, "prompt": await fit(runner_counter(loaded), context_size(loaded))}
         async for event in loaded.process.request(msg):
             if event.get("event") == "error":
                 kind = ErrorKind.named(str(event.get("kind")))
                 raise error_for_kind(kind, str(event.get("message")))
             yield event
+
+
+async def fitted_prompt(
+    state: ServerState, plan: Plan, keep_alive: float | None, fit: ChatFit
+) -> str:
+    """The prompt ``fit`` makes on the plan's runner, without generating (Ollama's
+    ``_debug_render_only``)."""
+    async with state.scheduler.use(plan.spec, keep_alive) as loaded:
+        return await fit(runner_counter(loaded), context_size(loaded))
+
+
+def runner_counter(loaded: Loaded) -> Count:
+    """Token counts from the runner's own tokenizer (``op: count``)."""
+
+    async def count(texts: list[str], add_special: bool) -> list[int]:
+        msg = {"op": "count", "texts": texts, "add_special": add_special}
+        counts: list[int] | None = None
+        async for event in loaded.process.request(msg):  # ends after its final event
+            if event.get("event") == "error":
+                kind = ErrorKind.named(str(event.get("kind")))
+                raise error_for_kind(kind, str(event.get("message")))
+            if event.get("event") == "counts":
+                counts = [int(n) for n in event["counts"]]
+        if counts is None or len(counts) != len(texts):
+            raise ModelhubError("the model runner answered no token counts")
+        return counts
+
+    return count
+
+
+def context_size(loaded: Loaded) -> int:
+    """The context the runner has (llama.cpp may round it; the trained length caps it)."""
+    return int(loaded.info.get("n_ctx") or dict(loaded.spec.config)["n_ctx"])
 
 
 def ndjson(obj: dict[str, Any]) -> bytes:
@@ -153,11 +192,24 @@ async def respond(
 def merge_parts(parts: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, Any]:
     """stream:false: concatenate the streamed text into the final object."""
     out = dict(last)
+    entries = [e for p in [*parts, last] for e in p.get("logprobs", [])]
+    if entries:
+        out["logprobs"] = entries
     if "response" in out:
         out["response"] = "".join(p.get("response", "") for p in parts) + out["response"]
+        thinking = "".join(p.get("thinking", "") for p in [*parts, last])
+        if thinking:
+            out["thinking"] = thinking
     if "message" in out:
-        text = "".join(p.get("message", {}).get("content", "") for p in parts)
-        out["message"] = {**out["message"], "content": text + out["message"].get("content", "")}
+        messages = [p.get("message", {}) for p in [*parts, last]]
+        merged = {**out["message"], "content": "".join(m.get("content", "") for m in messages)}
+        thinking = "".join(m.get("thinking", "") for m in messages)
+        calls = [c for m in messages for c in m.get("tool_calls", [])]
+        if thinking:
+            merged["thinking"] = thinking
+        if calls:
+            merged["tool_calls"] = calls
+        out["message"] = merged
     return out
 
 

@@ -19,6 +19,8 @@ def chat_prompt(
     view: ModelView,
     messages: list[dict[str, Any]],
     tools: list[Any] | None = None,
+    *,
+    think: bool | str | None = None,
 ) -> str:
     """Model MESSAGEs + request messages (+ the model's SYSTEM unless one is given), rendered."""
     history = list(view.messages) + messages
@@ -32,6 +34,7 @@ def chat_prompt(
         tools=tools or None,
         bos_token=bos,
         eos_token=eos,
+        think=think,
         tokenizer_adds_bos=_adds_bos(view),
     )
 
@@ -45,6 +48,7 @@ def generate_prompt(
     template: str = "",
     suffix: str = "",
     with_history: bool = True,
+    think: bool | str | None = None,
 ) -> str:
     bos, eos = _special(state, view)
     go = template or view.template
@@ -57,6 +61,7 @@ def generate_prompt(
         suffix=suffix or None,
         bos_token=bos,
         eos_token=eos,
+        think=think,
         tokenizer_adds_bos=_adds_bos(view),
     )
 

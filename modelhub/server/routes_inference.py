@@ -14,19 +14,23 @@ from fastapi.responses import JSONResponse, Response
 from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
-from modelhub.runtime.planning import plan
-from modelhub.server import schemas
+from modelhub.replies.reply import ReplyParser, ReplyPart
+from modelhub.runtime.planning import Plan, plan
+from modelhub.server import logprobs, schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.generation import (
     final_stats,
+    fitted_prompt,
     now_rfc3339,
     respond,
     run_on_runner,
 )
 from modelhub.server.lookup import find_model
 from modelhub.server.prompts import chat_prompt, generate_prompt
+from modelhub.server.reply_options import reply_parser, request_grammar, thinking, tool_plan
 from modelhub.server.requests import ModelRequest, check_media, field, read_model_request
 from modelhub.server.state import ServerState, get_state
+from modelhub.server.truncation import ChatFit
 
 router = APIRouter()
 
@@ -56,13 +60,25 @@ def _messages(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def reply_body(raw: str, *, chat: bool, text: str = "") -> dict[str, Any]:
-    """The common head of native replies: generate's ``response`` or chat's ``message``."""
+def reply_body(
+    raw: str, *, chat: bool, text: str = "", part: ReplyPart | None = None
+) -> dict[str, Any]:
+    """The common head of native replies: generate's ``response`` or chat's ``message``
+    (with the reasoning and tool calls of ``part``, when the reply is parsed)."""
     body: dict[str, Any] = {"model": raw, "created_at": now_rfc3339()}
+    if part is not None:
+        text = part.content
     if chat:
-        body["message"] = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if part is not None and part.thinking:
+            message["thinking"] = part.thinking
+        if part is not None and part.calls:
+            message["tool_calls"] = [call.ollama() for call in part.calls]
+        body["message"] = message
     else:
         body["response"] = text
+        if part is not None and part.thinking:
+            body["thinking"] = part.thinking
     return body
 
 
@@ -77,25 +93,46 @@ class NativeShaper:
         started: int,
         with_context: bool,
         record: Callable[[dict[str, Any]], None],
+        parser: ReplyParser | None = None,
     ) -> None:
         self.raw, self.chat, self.started = raw, chat, started
         self.with_context, self.record = with_context, record
+        self.parser = parser
         self.load_ns = 0
+        self._logprobs: list[dict[str, Any]] = []  # of tokens whose text is still held back
 
     def chunk(self, ev: dict[str, Any]) -> dict[str, Any] | None:
         if ev.get("event") == "ready":
             self.load_ns = int(ev["load_duration"])
         if ev.get("event") != "token":
             return None
-        out = reply_body(self.raw, chat=self.chat, text=str(ev.get("text", "")))
+        if ev.get("logprob") is not None:
+            self._logprobs.append(logprobs.entry(ev["logprob"]))
+        text = str(ev.get("text", ""))
+        if self.parser is None:
+            if not text:
+                return None
+            out = reply_body(self.raw, chat=self.chat, text=text)
+        else:
+            part = self.parser.feed(text)
+            if not part:
+                return None  # held back (a marker may be starting)
+            out = reply_body(self.raw, chat=self.chat, part=part)
         out["done"] = False
         if ev.get("drafted"):
             out["drafted"] = True
+        self._attach_logprobs(out)
         return out
+
+    def _attach_logprobs(self, out: dict[str, Any]) -> None:
+        if self._logprobs:
+            out["logprobs"], self._logprobs = self._logprobs, []
 
     def final(self, ev: dict[str, Any]) -> dict[str, Any]:
         result = ev["result"]
-        out = reply_body(self.raw, chat=self.chat)
+        part = self.parser.finish() if self.parser is not None else None
+        out = reply_body(self.raw, chat=self.chat, part=part)
+        self._attach_logprobs(out)
         out.update(done=True, done_reason=_done_reason(result))
         if self.with_context:
             out["context"] = result.get("context", [])
@@ -113,7 +150,12 @@ async def _load_only(
             await state.scheduler.unload(view.model_layer.digest)
         reason = "unload"
     else:
-        p = plan(view, req.options, num_threads=state.settings.num_threads)
+        p = plan(
+            view,
+            req.options,
+            num_threads=state.settings.num_threads,
+            num_ctx=state.settings.context_length,
+        )
         async with state.scheduler.use(p.spec, req.keep_alive):
             pass
         reason = "load"
@@ -142,8 +184,16 @@ async def generate(request: Request) -> Response:
     view = await find_model(state, req.model)
     if not prompt and (req.keep_alive == 0 or not suffix):
         return await _load_only(state, view, req, chat=False)
+    think = None if raw_mode else thinking(view, data.get("think"))
     prediction = data.get("prediction") if isinstance(data.get("prediction"), str) else None
-    p = plan(view, req.options, num_threads=state.settings.num_threads, prediction=bool(prediction))
+    p = plan(
+        view,
+        req.options,
+        num_threads=state.settings.num_threads,
+        num_ctx=state.settings.context_length,
+        prediction=bool(prediction),
+    )
+    p.options["shift"] = field(data, "shift", bool, True)
     if raw_mode:
         text = prompt
     else:
@@ -155,13 +205,14 @@ async def generate(request: Request) -> Response:
             template=template,
             suffix=suffix,
             with_history=not context,
+            think=think,
         )
     msg = {
         "op": "generate",
         "prompt": text,
         "context": context or None,
-        "options": p.options,
-        "grammar": format_grammar(fmt),
+        "options": _with_logprobs(p.options, data),
+        "grammar": request_grammar(data, format_grammar(fmt)),
         "prediction": prediction,
     }
     shaper = NativeShaper(
@@ -170,9 +221,16 @@ async def generate(request: Request) -> Response:
         started=started,
         with_context=not raw_mode,
         record=lambda r: state.metrics.record(view.name.display, r),
+        parser=reply_parser(view, text, think, None),
     )
     events = run_on_runner(state, p, req.keep_alive, msg, started)
     return await respond(events, request, stream=req.stream, chunk=shaper.chunk, final=shaper.final)
+
+
+def _with_logprobs(options: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """The runner options plus ``top_logprobs`` when the request asks for log-probabilities."""
+    top = logprobs.requested(data)
+    return options if top is None else {**options, "top_logprobs": top}
 
 
 def _done_reason(result: dict[str, Any]) -> str:
@@ -192,18 +250,45 @@ async def chat(request: Request) -> Response:
     view = await find_model(state, req.model)
     if not messages:
         return await _load_only(state, view, req, chat=True)
-    p = plan(view, req.options, num_threads=state.settings.num_threads)
-    text = chat_prompt(state, view, messages, tools)
-    msg = {"op": "generate", "prompt": text, "options": p.options, "grammar": format_grammar(fmt)}
+    p = plan(
+        view,
+        req.options,
+        num_threads=state.settings.num_threads,
+        num_ctx=state.settings.context_length,
+    )
+    p.options["shift"] = field(req.data, "shift", bool, True)
+    think = thinking(view, req.data.get("think"))
+    tooling = tool_plan(view, tools, req.data.get("tool_choice"))
+    text = chat_prompt(state, view, messages, tooling.tools, think=think)
+    fit = ChatFit(
+        messages,
+        lambda kept: chat_prompt(state, view, kept, tooling.tools, think=think),
+        truncate=field(req.data, "truncate", bool, True),
+        num_keep=int(p.options.get("num_keep", 4)),
+    )
+    if field(req.data, "_debug_render_only", bool, False):
+        return await _rendered_only(state, p, req, fit)
+    grammar = request_grammar(req.data, format_grammar(fmt), tooling.grammar)
+    options = _with_logprobs(p.options, req.data)
+    msg = {"op": "generate", "prompt": text, "options": options, "grammar": grammar}
     shaper = NativeShaper(
         req.model,
         chat=True,
         started=started,
         with_context=False,
         record=lambda r: state.metrics.record(view.name.display, r),
+        parser=reply_parser(view, text, think, tooling.tools),
     )
-    events = run_on_runner(state, p, req.keep_alive, msg, started)
+    events = run_on_runner(state, p, req.keep_alive, msg, started, fit)
     return await respond(events, request, stream=req.stream, chunk=shaper.chunk, final=shaper.final)
+
+
+async def _rendered_only(state: ServerState, p: Plan, req: ModelRequest, fit: ChatFit) -> Response:
+    """Ollama's ``_debug_render_only``: the prompt the model would be given, after
+    truncation, and nothing generated (the model is loaded: its tokenizer counts)."""
+    text = await fitted_prompt(state, p, req.keep_alive, fit)
+    body = reply_body(req.model, chat=True)
+    return JSONResponse({**body, "done": True, "debug_info": {"rendered_template": text}})
 
 
 @router.post("/api/embed", openapi_extra=schemas.EMBED)

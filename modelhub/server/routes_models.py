@@ -111,6 +111,8 @@ def show_payload(
         out["capabilities"] = []
     if draft is not None:
         out["draft"] = _draft_summary(view, params)
+    if view.adapters:
+        out["adapters"] = view.adapter_summaries()
     out["modified_at"] = view.modified_at
     if view.config.get("requires"):
         out["requires"] = view.config["requires"]

@@ -23,15 +23,25 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError, ModelhubError
+from modelhub.library.views import ModelView
+from modelhub.replies.reply import ReplyParser, ReplyPart
 from modelhub.runtime.planning import keep_alive_seconds, plan
-from modelhub.server import schemas
+from modelhub.server import logprobs, schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.errors import error_body
 from modelhub.server.generation import collect, run_on_runner
 from modelhub.server.lookup import find_model
 from modelhub.server.prompts import chat_prompt, generate_prompt
+from modelhub.server.reply_options import (
+    Think,
+    reply_parser,
+    request_grammar,
+    thinking,
+    tool_plan,
+)
 from modelhub.server.requests import field, read_model_request
 from modelhub.server.state import ServerState, get_state
+from modelhub.server.truncation import ChatFit
 
 router = APIRouter()
 
@@ -126,36 +136,91 @@ def _usage(result: dict[str, Any]) -> dict[str, Any]:
     return usage
 
 
-def _finish(result: dict[str, Any]) -> str:
+def _finish(result: dict[str, Any], called: bool = False) -> str:
+    if called:
+        return "tool_calls"
     return "length" if result.get("done_reason") == "length" else "stop"
 
 
-async def _events(
-    state: ServerState, request_data: dict[str, Any], prompt_text: str, view: Any, started: int
+def _think(data: dict[str, Any]) -> Think:
+    """``reasoning_effort`` (OpenAI's; "none" turns reasoning off) or ``think`` (Ollama's)."""
+    effort = data.get("reasoning_effort")
+    if effort is None:
+        think = data.get("think")
+        if think is None or isinstance(think, bool) or think in ("low", "medium", "high"):
+            return think
+        raise InputError('think must be true, false, "low", "medium" or "high"')
+    if effort in ("none", "minimal"):
+        return False
+    if effort in ("low", "medium", "high"):
+        return str(effort)
+    raise InputError('reasoning_effort must be "none", "low", "medium" or "high"')
+
+
+async def completion_events(
+    state: ServerState, request_data: dict[str, Any], setup: Setup, view: Any, started: int
 ) -> AsyncIterator[Event]:
+    """The runner's events for a set-up request (metrics recorded at the end)."""
+    prompt_text, grammar, fit, top_logprobs = setup.text, setup.grammar, setup.fit, setup.top
     predicted = _prediction(request_data)
     p = plan(
         view,
         _options(request_data),
         num_threads=state.settings.num_threads,
+        num_ctx=state.settings.context_length,
         prediction=bool(predicted),
     )
+    options = p.options if top_logprobs is None else {**p.options, "top_logprobs": top_logprobs}
     msg = {
         "op": "generate",
         "prompt": prompt_text,
-        "options": p.options,
-        "grammar": format_grammar(_format(request_data)),
+        "options": options,
+        "grammar": grammar,
         "prediction": predicted,
     }
     keep_alive = keep_alive_seconds(request_data.get("keep_alive"))
     prompt_tokens = 0
-    async for ev in run_on_runner(state, p, keep_alive, msg, started):
+    async for ev in run_on_runner(state, p, keep_alive, msg, started, fit):
         if ev.get("event") == "prompt":
             prompt_tokens = int(ev.get("prompt_tokens") or 0)
         if ev.get("event") == "done":
             ev["result"]["prompt_tokens"] = prompt_tokens
             state.metrics.record(view.name.display, ev["result"])
         yield ev
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A read and rendered generation request: its prompt, grammar, reply parser, truncation
+    and log-probabilities."""
+
+    text: str
+    grammar: str | None
+    parser: ReplyParser | None
+    fit: ChatFit | None
+    top: int | None
+
+    def parse(self, text: str) -> ReplyPart:
+        return self.parser.feed(text) if self.parser is not None else ReplyPart(content=text)
+
+    def finish(self) -> ReplyPart:
+        return self.parser.finish() if self.parser is not None else ReplyPart()
+
+
+def chat_setup(state: ServerState, view: ModelView, data: dict[str, Any]) -> Setup:
+    """A chat-completions request (also what /v1/responses translates to), rendered."""
+    think = thinking(view, _think(data))
+    tooling = tool_plan(view, field(data, "tools", list, []), data.get("tool_choice"))
+    messages = _chat_messages(data)
+    text = chat_prompt(state, view, messages, tooling.tools, think=think)
+    grammar = request_grammar(data, format_grammar(_format(data)), tooling.grammar)
+    fit = ChatFit(  # Ollama's truncate, honoured here too (default true)
+        messages,
+        lambda kept: chat_prompt(state, view, kept, tooling.tools, think=think),
+        truncate=field(data, "truncate", bool, True),
+    )
+    parser = reply_parser(view, text, think, tooling.tools)
+    return Setup(text, grammar, parser, fit, logprobs.requested(data))
 
 
 @dataclass(frozen=True)
@@ -167,6 +232,8 @@ class _Completion:
     prompt: str  # the rendered text the model is given
     stream: bool
     include_usage: bool
+    parser: ReplyParser | None = None
+    logprobs: int | None = None  # alternatives per token; None: no log-probabilities
     ident: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -186,10 +253,13 @@ class _Completion:
 
 
 def _chat_messages(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenAI messages -> the template's: assistant ``tool_calls`` and ``reasoning_content``
+    kept, a ``tool`` result named after the call its ``tool_call_id`` answers."""
     raw = data.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InputError("messages must be a non-empty array")
     messages = []
+    names: dict[str, str] = {}  # tool call id -> function name
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise InputError(f"messages[{i}] must be an object")
@@ -197,9 +267,26 @@ def _chat_messages(data: dict[str, Any]) -> list[dict[str, Any]]:
         role = "system" if role == "developer" else role
         if role not in ("system", "user", "assistant", "tool"):
             raise InputError(f"messages[{i}].role {m.get('role')!r} is not supported")
-        messages.append(
-            {"role": role, "content": _content_text(m.get("content"), f"messages[{i}]")}
-        )
+        message: dict[str, Any] = {
+            "role": role,
+            "content": _content_text(m.get("content"), f"messages[{i}]"),
+        }
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+                raise InputError(f"messages[{i}].tool_calls must be an array of objects")
+            message["tool_calls"] = calls
+            for call in calls:
+                function = call.get("function")
+                if isinstance(function, dict) and call.get("id"):
+                    names[str(call["id"])] = str(function.get("name") or "")
+        if isinstance(m.get("reasoning_content"), str):
+            message["thinking"] = m["reasoning_content"]
+        if role == "tool":
+            call_id = str(m.get("tool_call_id") or "")
+            message["tool_call_id"] = call_id
+            message["tool_name"] = str(m.get("name") or names.get(call_id, ""))
+        messages.append(message)
     return messages
 
 
@@ -219,14 +306,15 @@ async def _run(request: Request, chat: bool) -> Response:
     data = req.data
     view = await find_model(state, req.model)
     if chat:
-        tools = field(data, "tools", list, []) or None
-        text = chat_prompt(state, view, _chat_messages(data), tools)
+        setup = chat_setup(state, view, data)
     else:
         suffix = field(data, "suffix", str, "")
         text = generate_prompt(state, view, _completion_prompt(data), suffix=suffix)
+        grammar = request_grammar(data, format_grammar(_format(data)))
+        setup = Setup(text, grammar, None, None, logprobs.completion_requested(data))
     usage_wanted = bool(field(data, "stream_options", dict, {}).get("include_usage"))
-    c = _Completion(chat, req.model, text, req.stream, usage_wanted)
-    events = _events(state, data, text, view, started)
+    c = _Completion(chat, req.model, setup.text, req.stream, usage_wanted, setup.parser, setup.top)
+    events = completion_events(state, data, setup, view, started)
     # Up to the first token (or everything, unstreamed): errors keep their status.
     head = await collect(events, request, first_token_only=c.stream)
 
@@ -241,46 +329,104 @@ async def _run(request: Request, chat: bool) -> Response:
     return StreamingResponse(_streamed(c, all_events()), media_type="text/event-stream")
 
 
+def _message(part: ReplyPart, delta: bool) -> dict[str, Any]:
+    """A chat ``message`` (or stream ``delta``) with reasoning and tool calls."""
+    out: dict[str, Any] = {}
+    if part.content or not delta:
+        out["content"] = part.content if part.content or not part.calls else None
+    if part.thinking:
+        out["reasoning_content"] = part.thinking
+    if part.calls:
+        if delta:  # streamed calls carry their index (the SDKs assemble them by it)
+            out["tool_calls"] = [{"index": c.index, **c.openai()} for c in part.calls]
+        else:
+            out["tool_calls"] = [c.openai() for c in part.calls]
+    return out
+
+
 async def _unstreamed(c: _Completion, events: AsyncIterator[Event]) -> Response:
-    parts: list[str] = []
+    whole = ReplyPart()
     result: dict[str, Any] = {}
+    raws: list[dict[str, Any]] = []
     async for ev in events:
         if ev.get("event") == "token":
-            parts.append(str(ev.get("text", "")))
+            whole.add(_parse(c, str(ev.get("text", ""))))
+            if ev.get("logprob") is not None:
+                raws.append(ev["logprob"])
         elif ev.get("event") == "done":
             result = ev["result"]
-    text = "".join(parts)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(result)}
+    if c.parser is not None:
+        whole.add(c.parser.finish())
+    text = whole.content
+    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(result, bool(whole.calls))}
     if c.chat:
-        choice["message"] = {"role": "assistant", "content": text}
+        choice["message"] = {"role": "assistant", **_message(whole, delta=False)}
     else:
         choice["text"] = text
-        choice["logprobs"] = None
+    choice["logprobs"] = _logprobs(c, raws, 0)
     return JSONResponse(c.envelope(False, choices=[choice], usage=_usage(result)))
 
 
-def _chunk(c: _Completion, text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
+def _parse(c: _Completion, text: str) -> ReplyPart:
+    return c.parser.feed(text) if c.parser is not None else ReplyPart(content=text)
+
+
+def _logprobs(c: _Completion, raws: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
+    """A choice's ``logprobs``: chat's ``content`` list, or the legacy arrays (text offsets
+    counted from ``offset``)."""
+    if c.logprobs is None:
+        return None
+    if c.chat:
+        return {"content": [logprobs.entry(r) for r in raws], "refusal": None}
+    return logprobs.completion_block(raws, offset)
+
+
+def _chunk(
+    c: _Completion,
+    part: ReplyPart | None,
+    finish: str | None,
+    first: bool,
+    raws: list[dict[str, Any]] | None = None,
+    offset: int = 0,
+) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if raws:
+        choice["logprobs"] = _logprobs(c, raws, offset)
     if c.chat:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text is not None:
-            delta["content"] = text
+        if part is not None:
+            delta.update(_message(part, delta=True))
         choice["delta"] = delta
     else:
-        choice["text"] = text or ""
+        choice["text"] = part.content if part is not None else ""
     return c.envelope(True, choices=[choice])
 
 
 async def _streamed(c: _Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
     first = True
+    called = False
+    raws: list[dict[str, Any]] = []  # log-probabilities of tokens whose text is held back
+    offset = 0  # legacy completions: where the next token's text starts
     try:
         async for ev in events:
             if ev.get("event") == "token":
-                yield _sse(_chunk(c, str(ev.get("text", "")), None, first))
-                first = False
+                if ev.get("logprob") is not None:
+                    raws.append(ev["logprob"])
+                part = _parse(c, str(ev.get("text", "")))
+                if not part:
+                    continue  # nothing to show yet (a marker or stop may be starting)
+                called = called or bool(part.calls)
+                yield _sse(_chunk(c, part, None, first, raws, offset))
+                offset += sum(len(r["token"]) for r in raws)
+                raws, first = [], False
             elif ev.get("event") == "done":
                 result = ev["result"]
-                yield _sse(_chunk(c, None, _finish(result), first))
+                part = c.parser.finish() if c.parser is not None else ReplyPart()
+                if part or raws:
+                    called = called or bool(part.calls)
+                    yield _sse(_chunk(c, part, None, first, raws, offset))
+                    first = False
+                yield _sse(_chunk(c, None, _finish(result, called), first))
                 if c.include_usage:
                     yield _sse(c.envelope(True, choices=[], usage=_usage(result)))
     except ModelhubError as exc:

@@ -46,6 +46,7 @@ GENERATE = _body(
     keep_alive=_KEEP_ALIVE,
     images=_STRS,
     think=_THINK,
+    shift=_BOOL,
 )
 CHAT = _body(
     ["model"],
@@ -57,6 +58,8 @@ CHAT = _body(
     options=_OBJ,
     keep_alive=_KEEP_ALIVE,
     think=_THINK,
+    truncate=_BOOL,
+    shift=_BOOL,
 )
 EMBED = _body(
     ["model"],
@@ -108,6 +111,7 @@ OPENAI_CHAT = _body(
     model=_STR,
     messages={"type": "array", "items": _MESSAGE},
     tools={"type": "array", "items": _OBJ},
+    truncate=_BOOL,
     **_SAMPLING,
 )
 OPENAI_COMPLETION = _body(

@@ -4,7 +4,8 @@ The draft has its own context and KV cache. ``_evaluated`` mirrors that cache ex
 the accepted sequence (the draft never decodes its last proposal, and sits idle while adaptive
 drafting is off), and it catches up in one batch before the next proposal. A draft context
 shorter than the target's is fine: once the sequence no longer fits, it proposes nothing for the
-rest of the request (SPEC-07).
+rest of the request (SPEC-07), or until a context shift of the target shortens the sequence (the
+draft's cache is shifted alike).
 """
 
 from __future__ import annotations
@@ -140,6 +141,16 @@ class DraftModelDrafter:
         keep = common_prefix(self._evaluated, tokens, self._base)
         if keep < len(self._evaluated):
             self._truncate(keep)
+
+    def shift(self, keep: int, discard: int) -> None:
+        """The target shifted its context: shift this cache the same way, so it still holds a
+        prefix of the accepted sequence (where it cannot, keep only what is before ``keep``)."""
+        if len(self._evaluated) > keep + discard and self.ctx.shift(keep, discard):
+            del self._evaluated[keep : keep + discard]
+        else:
+            self._truncate(keep)
+        self._base = min(self._base, keep)
+        self._logits_ready = False  # that row saw the discarded tokens
 
     def _row(self) -> npt.NDArray[np.float32]:
         """The last logits row, cut or padded to the target's vocabulary size."""

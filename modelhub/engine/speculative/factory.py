@@ -7,6 +7,7 @@ asks for that through the small protocols below rather than by drafter kind:
   the tokens it has not seen), so the engine can time that apart from drafting proper;
 - :class:`Seeded`: a drafter that samples takes the request's seed;
 - :class:`TargetObserver`: sees every target decode (MTP heads need the target's hidden states);
+- :class:`Shifting`: follows a context shift of the target's sequence in a cache of its own;
 - :class:`Closable`: holds native resources.
 """
 
@@ -47,6 +48,13 @@ class TargetObserver(Protocol):
     def rollback(self, keep: int) -> int:
         """The target kept only positions ``< keep``. Returns the position from which the
         target must decode again for the observer to follow (``keep`` when it can already)."""
+
+
+@runtime_checkable
+class Shifting(Protocol):
+    def shift(self, keep: int, discard: int) -> None:
+        """The accepted sequence lost tokens ``keep..keep+discard-1`` (a context shift); the
+        later ones moved down by ``discard``."""
 
 
 @runtime_checkable
