@@ -15,8 +15,9 @@ f. a caller-supplied prediction (OpenAI's Predicted Outputs) on the edit prompt 
    original code (what an editor would send) and the exact output, the n-gram pool that drafts
    where the prediction does not reach cleared before each run. No goal; for the record.
 g. JSON-schema output (a grammar on every row): n-gram drafting and a prediction (the JSON
-   document the prompt edits) against plain decoding under the same grammar, on two edits of
-   a JSON document. Goal: >= 1.3x for the better drafter.
+   document the prompt edits, as the model wrote it when asked to copy it) against plain
+   decoding under the same grammar, on two edits of a JSON document. Goal: >= 1.3x for the
+   better drafter.
 
 Tokens/s counts generated tokens over generation time (prefill excluded) except in (e), where
 both sides are timed by the wall clock around the whole call. Each cell is the best of
@@ -91,7 +92,7 @@ DOC = json.dumps(ORDERS, indent=2)
 JSON_PROMPTS = {
     "refund": 'Change the status of order 3 to "refunded". Reply with the whole JSON only.'
     f"\n\n{DOC}",
-    "discount": f"Lower the amount of every order by 10. Reply with the whole JSON only.\n\n{DOC}",
+    "rename": f'Change the customer of order 5 to "Eva". Reply with the whole JSON only.\n\n{DOC}',
 }
 ORDERS_SCHEMA = {
     "type": "object",
@@ -403,7 +404,10 @@ def section_g(args: argparse.Namespace) -> dict[str, Any]:
     ngram = engine(target, args.threads, draft_kind="ngram", draft_num_predict=8)
     n = max(args.tokens, 200)
     opts = GenerateOptions(num_predict=n, temperature=0, grammar=format_grammar(ORDERS_SCHEMA))
-    document = plain.tokenize(DOC, add_special=False)
+    # What an app predicts: the document as the model wrote it before (the grammar allows one
+    # space between tokens, so that is not DOC's own layout).
+    copy = plain.tokenize(chat(f"Reply with this JSON unchanged.\n\n{DOC}"))
+    document = plain.generate(copy, opts).tokens
     table: dict[str, dict[str, Cell]] = {}
     try:
         for name, text in JSON_PROMPTS.items():

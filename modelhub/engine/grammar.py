@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 from typing import Any
 
 import llama_cpp
@@ -21,6 +22,7 @@ from modelhub.engine.llama import LlamaModel, recent_native_messages
 from modelhub.engine.sampling import FloatArray
 from modelhub.errors import InputError
 
+_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
@@ -33,12 +35,16 @@ def schema_grammar(schema: dict[str, Any] | str) -> str:
     """GBNF for a JSON schema (Ollama's ``format: {...}``)."""
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
-        return LlamaGrammar.from_json_schema(text, verbose=False)._grammar
+        gbnf = LlamaGrammar.from_json_schema(text, verbose=False)._grammar
     except Exception as exc:  # the converter asserts on schemas it does not know (a user error)
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise InputError(
             f"format: the JSON schema cannot be turned into a grammar ({detail})"
         ) from exc
+    # The Python converter allows one optional space between tokens; llama.cpp's own (what its
+    # server and Ollama use) also allows a newline and indentation, which is how models lay
+    # JSON out: forcing one line costs quality, and drafts copied from JSON in the prompt.
+    return re.sub(r"^space ::= .*$", lambda _: f"space ::= {_SPACE}", gbnf, flags=re.M)
 
 
 def format_grammar(fmt: str | dict[str, Any] | None) -> str | None:
