@@ -8,7 +8,8 @@ b. the real 1:1-cost pair (Q8_0 target, Q4_1 draft), adaptive. Goal: within 5 % 
 c. n-gram drafting on an edit/rewrite prompt: the first time the text is seen, and with the
    pool warm from a similar earlier request. Goals: >= 1.6x and >= 3.0x.
 d. temperature 0.8: acceptance of rejection sampling vs "sample the target and compare"
-   (llama.cpp's rule), K = 4, Q8_0 + Q4_1. Goal: ratio >= 1.5.
+   (llama.cpp's rule), K = 4, Q8_0 + Q4_1. Goal: ratio >= 1.5. Also the coupled draws that
+   seeded requests use (the output then independent of drafting), for the record.
 e. plain decoding through the engine vs llama-cpp-python's ``Llama.create_completion`` on the
    same GGUF. Goal: >= 0.95x.
 f. a caller-supplied prediction (OpenAI's Predicted Outputs) on the edit prompt of (c): the
@@ -301,9 +302,9 @@ def section_d(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for name, text in PROMPTS.items():
             tokens = spec.tokenize(chat(text))
-            totals = {"rejection": [0, 0], "compare": [0, 0]}
+            totals = {"rejection": [0, 0], "coupled": [0, 0], "compare": [0, 0]}
             for seed in range(args.runs * 2):
-                for rule in ("rejection", "compare"):
+                for rule in totals:
                     r = spec.generate(
                         tokens,
                         GenerateOptions(
@@ -462,8 +463,8 @@ def report(results: dict[str, Any]) -> None:
         for prompt, row in sec["rows"].items():
             ratio = row["rejection"] / row["compare"] if row["compare"] else float("inf")
             print(
-                f"{prompt:<12} rejection {row['rejection']:.3f}  compare {row['compare']:.3f}"
-                f"  ratio {ratio:.2f}"
+                f"{prompt:<12} rejection {row['rejection']:.3f}  coupled {row['coupled']:.3f}"
+                f"  compare {row['compare']:.3f}  ratio {ratio:.2f}"
             )
     if "e" in results:
         sec = results["e"]
@@ -480,7 +481,7 @@ TITLES = {
     "a": "cost-emulating padded target + Q4_1 draft, greedy",
     "b": "real 1:1 pair Q8_0 + Q4_1, greedy",
     "c": "n-gram drafting on an edit prompt (Q8_0 target), greedy",
-    "d": "temperature 0.8: acceptance, rejection sampling vs sample-and-compare (K=4)",
+    "d": "temperature 0.8: acceptance, rejection sampling / coupled / sample-and-compare (K=4)",
     "e": "plain engine vs llama-cpp-python create_completion (Q8_0)",
     "f": "a caller's prediction (OpenAI Predicted Outputs) on the edit prompt, greedy",
     "g": "JSON-schema output: n-gram and prediction drafting under the grammar, greedy",

@@ -155,12 +155,34 @@ def test_sampled_speculation_accepts_most_drafts(fixed_k: Engine, prompts: list[
         min_p=0.05,
         seed=3,
         draft_num_predict=4,
+        sampling_verify="rejection",
     )
     got = fixed_k.generate(prompts[0], opts)
     assert len(got.tokens) == 80
     assert got.acceptance > 0.7  # rejection sampling with the draft's own q
     compare = fixed_k.generate(prompts[0], dataclasses.replace(opts, sampling_verify="compare"))
     assert compare.acceptance < got.acceptance
+    coupled = fixed_k.generate(prompts[0], dataclasses.replace(opts, sampling_verify="coupled"))
+    assert compare.acceptance < coupled.acceptance  # the draft draws with the target's noise
+
+
+def test_a_seeded_request_repeats_and_matches_the_target_alone(
+    plain: Engine, fixed_k: Engine, prompts: list[list[int]]
+) -> None:
+    """The same seed gives the same text every time with an adaptive draft model (whose draft
+    lengths follow measured timings), at any fixed K, and the text the target alone gives for
+    that seed."""
+    opts = GenerateOptions(num_predict=60, temperature=0.8, seed=42)
+    with _draft_engine(adaptive=True) as adaptive:
+        for prompt in prompts[:2]:
+            expected = plain.generate(prompt, opts)
+            runs = [adaptive.generate(prompt, opts) for _ in range(2)]
+            fixed = [
+                fixed_k.generate(prompt, dataclasses.replace(opts, draft_num_predict=k))
+                for k in (2, 8)
+            ]
+            assert [r.tokens for r in runs + fixed] == [expected.tokens] * 4
+            assert all(r.draft_accepted_count > 0 for r in fixed)
 
 
 SCHEMA = {

@@ -6,6 +6,7 @@ Q8_0, draft = target + noise), so every test here runs in milliseconds per reque
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
 from collections import Counter
@@ -252,7 +253,9 @@ def test_cancel_mid_round_leaves_caches_consistent(
 def test_rule_a_with_a_seed_matches_plain_sampling(plain: Engine, spec: Engine) -> None:
     """llama.cpp's rule draws from the RNG exactly as plain sampling does."""
     for seed in (1, 2, 3):
-        opts = GenerateOptions(num_predict=80, temperature=0.9, top_k=20, seed=seed)
+        opts = GenerateOptions(  # the RNG's stream, not the seed-keyed (coupled) draws
+            num_predict=80, temperature=0.9, top_k=20, seed=seed, sampling_verify="compare"
+        )
         tokens = plain.tokenize(PROMPTS[seed - 1])
         expected = plain.generate(tokens, opts)
         got = spec.generate(
@@ -272,14 +275,32 @@ def test_rule_a_with_a_seed_matches_plain_sampling(plain: Engine, spec: Engine) 
 
 def test_seeded_rejection_sampling_is_reproducible(spec: Engine) -> None:
     tokens = spec.tokenize(PROMPTS[0])
-    opts = GenerateOptions(num_predict=60, temperature=1.0, seed=9, draft_num_predict=4)
+    opts = GenerateOptions(
+        num_predict=60, temperature=1.0, seed=9, draft_num_predict=4, sampling_verify="rejection"
+    )
     a = spec.generate(tokens, opts)
     b = spec.generate(tokens, opts)
-    c = spec.generate(
-        tokens, GenerateOptions(num_predict=60, temperature=1.0, seed=10, draft_num_predict=4)
-    )
+    c = spec.generate(tokens, dataclasses.replace(opts, seed=10))
     assert a.tokens == b.tokens != c.tokens
     assert a.acceptance > 0.3
+
+
+def test_a_seed_fixes_the_output_whatever_is_drafted(plain: Engine, spec: Engine) -> None:
+    """Seeded requests sample by Gumbel-max with noise fixed by (seed, token index): the output
+    is the plain target's, for every draft length (the adaptive controller's choice can then
+    not change it)."""
+    for seed in (1, 2, 3):
+        tokens = plain.tokenize(PROMPTS[seed - 1])
+        opts = GenerateOptions(num_predict=60, temperature=1.0, top_k=20, seed=seed)
+        expected = plain.generate(tokens, opts)
+        assert (
+            plain.generate(tokens, dataclasses.replace(opts, seed=seed + 10)).tokens
+            != expected.tokens
+        )
+        for k in (1, 2, 4):
+            got = spec.generate(tokens, dataclasses.replace(opts, draft_num_predict=k))
+            assert got.tokens == expected.tokens, (seed, k)
+            assert got.draft_accepted_count > 0
 
 
 # ---- chi-square: sampled output with a draft has the target's distribution ------------------
@@ -331,7 +352,11 @@ def _chi2_pvalue(samples: Counter[tuple[int, int]], exact: dict[tuple[int, int],
 def _sampled_pairs(engine: Engine, prompt: list[int], **opts: object) -> Counter[tuple[int, int]]:
     counts: Counter[tuple[int, int]] = Counter()
     for seed in range(TRIALS):
-        r = engine.generate(prompt, GenerateOptions(num_predict=3, seed=seed, **SAMPLING, **opts))  # type: ignore[arg-type]
+        verify = opts.pop("sampling_verify", "rejection")
+        r = engine.generate(
+            prompt,
+            GenerateOptions(num_predict=3, seed=seed, sampling_verify=verify, **SAMPLING, **opts),  # type: ignore[arg-type]
+        )
         counts[(r.tokens[1], r.tokens[2])] += 1
     return counts
 
@@ -354,6 +379,13 @@ def chi2_setup(
 def test_rejection_sampling_has_the_targets_distribution(spec: Engine, chi2_setup) -> None:  # type: ignore[no-untyped-def]
     prompt, exact = chi2_setup
     samples = _sampled_pairs(spec, prompt, draft_num_predict=2)
+    assert _chi2_pvalue(samples, exact) > 1e-3
+
+
+def test_coupled_sampling_has_the_targets_distribution(spec: Engine, chi2_setup) -> None:  # type: ignore[no-untyped-def]
+    """Gumbel-max over seeds (what seeded requests use): the target's joint distribution."""
+    prompt, exact = chi2_setup
+    samples = _sampled_pairs(spec, prompt, draft_num_predict=2, sampling_verify="coupled")
     assert _chi2_pvalue(samples, exact) > 1e-3
 
 

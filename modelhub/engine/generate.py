@@ -238,6 +238,9 @@ class Engine:
         sampler = Sampler(
             options, self.model.n_vocab, n_ctx=self.n_ctx, seed=options.seed, constraint=constraint
         )
+        mode = options.sampling_verify
+        if mode == "coupled" or (mode == "auto" and sampler.seed is not None):
+            sampler.couple()
         committer = Committer(self.model, options, on_token, cancel)
         gen = Generation(
             self, list(prompt_tokens), options, sampler, committer, prediction, on_done

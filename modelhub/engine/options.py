@@ -71,8 +71,11 @@ class GenerateOptions(SamplingParams):
     bound for this request (0 turns drafting off). ``acceptance_rule`` is the rejection-sampling
     step; it is a parameter only so that tests can prove a wrong rule is detected.
     ``sampling_verify`` selects how sampled requests verify drafts: ``"rejection"`` (rejection
-    sampling, the default) or ``"compare"`` (sample the target, accept while it equals the
-    draft: llama.cpp's rule, kept for benchmarks).
+    sampling), ``"coupled"`` (Gumbel-max sampling with noise fixed by the seed and the token's
+    index, a draft kept when it is the token the target draws: the output is the same with any
+    drafter or none), ``"compare"`` (sample the target, accept while it equals the draft:
+    llama.cpp's rule, kept for benchmarks); ``"auto"``: coupled when a seed is given, else
+    rejection.
     ``top_logprobs``: None returns no log-probabilities; n >= 0 gives every emitted token its
     log-probability and the n most likely alternatives (``Sampler.log_distribution``).
     ``shift`` (Ollama's request field): when the context fills, keep the first ``num_keep``
@@ -88,7 +91,7 @@ class GenerateOptions(SamplingParams):
     grammar: str | None = None
     draft_num_predict: int | None = None
     acceptance_rule: AcceptanceRule = rejection_step
-    sampling_verify: Literal["rejection", "compare"] = "rejection"
+    sampling_verify: Literal["auto", "rejection", "coupled", "compare"] = "auto"
     top_logprobs: int | None = None
 
 

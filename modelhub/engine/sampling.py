@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from modelhub.engine.speculative.base import ProbabilityFn
 from modelhub.errors import InputError
 
 FloatArray = npt.NDArray[np.float32]
@@ -139,7 +140,10 @@ class Sampler:
         self.params = params
         self.n_vocab = n_vocab
         self.constraint = constraint
-        self.rng = np.random.default_rng(seed if seed is not None and seed >= 0 else None)
+        self.seed = seed if seed is not None and seed >= 0 else None
+        self.rng = np.random.default_rng(self.seed)
+        self.coupled = False  # draw by Gumbel-max with noise fixed by (seed, token index)
+        self.emitted = 0  # tokens accepted so far: the index of the next one
         last_n = params.repeat_last_n
         self._window = n_ctx if last_n == -1 else last_n
 
@@ -238,11 +242,42 @@ class Sampler:
             out[cand.ids] = np.log(cand.probs)
         return out
 
-    def sample(self, logits: FloatArray, history: Sequence[int]) -> int:
-        """Draw the next token. With a grammar, try the unconstrained draw first (as llama.cpp
-        does) and mask the whole vocabulary only when that token is not allowed."""
+    def couple(self) -> None:
+        """Draw every token by Gumbel-max, the noise of the token at index i fixed by the seed
+        and i alone: the same seed gives the same output whatever is drafted (a draft is kept
+        exactly when it is the token this draw picks), with the target's distribution."""
+        if self.seed is None:
+            raise InputError("coupled sampling needs a seed")
+        self.coupled = True
+
+    def coupled_token(self, logits: FloatArray, history: Sequence[int], index: int) -> int:
+        """argmax of log p + Gumbel noise(seed, index) over what can be drawn: a draw from p."""
+        cand = self.candidates(logits, history)
+        u = np.random.default_rng([self.seed or 0, index]).random(self.n_vocab)[cand.ids]
+        with np.errstate(divide="ignore"):
+            scores = np.log(cand.probs) - np.log(-np.log(u))
+        return int(cand.ids[int(np.argmax(scores))])
+
+    def coupled_probs(self, first_index: int, base: int) -> ProbabilityFn:
+        """For a drafting model: the one-hot of the token the coupled draw picks from its own
+        row, the draft after ``base`` tokens of history being token ``first_index + k``."""
+
+        def probs(logits: FloatArray, history: Sequence[int]) -> FloatArray:
+            token = self.coupled_token(logits, history, first_index + len(history) - base)
+            out = np.zeros(self.n_vocab, dtype=np.float32)
+            out[token] = 1.0
+            return out
+
+        return probs
+
+    def sample(self, logits: FloatArray, history: Sequence[int], offset: int = 0) -> int:
+        """Draw the next token (``offset`` tokens after the last accepted one). With a grammar,
+        try the unconstrained draw first (as llama.cpp does) and mask the whole vocabulary
+        only when that token is not allowed."""
         if self.greedy:
             return self.greedy_token(logits, history)
+        if self.coupled:
+            return self.coupled_token(logits, history, self.emitted + offset)
         scores = self.penalised(logits, history)
         token = self._truncate(scores).draw(self.rng)
         if self.constraint is not None and not self.constraint.allows(token):
@@ -250,7 +285,8 @@ class Sampler:
         return token
 
     def accept(self, token: int) -> None:
-        """Advance stateful parts (the grammar) past an emitted token."""
+        """Advance stateful parts (the token index, the grammar) past an emitted token."""
+        self.emitted += 1
         if self.constraint is not None:
             self.constraint.accept(token)
 

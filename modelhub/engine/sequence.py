@@ -25,7 +25,7 @@ from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult,
 from modelhub.engine.sampling import Sampler, TokenConstraint
 from modelhub.engine.shift import follow_shift, keep_count, shift_sequence
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
-from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.base import Drafter, ProbabilityFn
 from modelhub.engine.speculative.draft_model import common_prefix
 from modelhub.engine.speculative.factory import Preparing, Seeded, TargetObserver
 from modelhub.engine.textstream import Committer
@@ -205,12 +205,18 @@ class Generation:
             drafter.prepare(self.tokens)
         self._t_prep = time.perf_counter_ns()
         sampler, options = self.sampler, self.options
-        deterministic = sampler.greedy or options.sampling_verify == "compare"
-        proposal = drafter.propose(self.tokens, k, None if deterministic else sampler.probs)
+        probs: ProbabilityFn | None = sampler.probs
+        if sampler.greedy or options.sampling_verify == "compare":
+            probs = None
+        elif sampler.coupled:  # the draft model draws with the target's noise: often the same
+            probs = sampler.coupled_probs(sampler.emitted, len(self.tokens))
+        proposal = drafter.propose(self.tokens, k, probs)
         drafts = [int(t) for t in proposal.tokens[:k]]
         if proposal.confidence is not None and self.controller is not None:
             drafts = drafts[: self.controller.cut(proposal.confidence[: len(drafts)])]
         q = proposal.probs[: len(drafts)] if proposal.probs is not None else None
+        if sampler.coupled:
+            q = None  # verified by equality with the target's own draw
         if sampler.constraint is not None and q is None:
             drafts = _allowed_prefix(sampler.constraint, drafts)
         if len(drafts) < max(1, self.engine.cfg.draft_min):
@@ -279,11 +285,11 @@ class Generation:
         for i in range(len(drafts) + 1):
             row = logits(first_row + i)
             if i == len(drafts):
-                new.append(sampler.sample(row, history))
+                new.append(sampler.sample(row, history, offset=i))
                 break
             draft = drafts[i]
-            if sampler.greedy or options.sampling_verify == "compare":
-                chosen = sampler.sample(row, history)
+            if sampler.greedy or sampler.coupled or options.sampling_verify == "compare":
+                chosen = sampler.sample(row, history, offset=i)
                 accepted = chosen == draft
             else:
                 p = sampler.probs(row, history)
