@@ -127,6 +127,14 @@ async def collect(
             raise RequestCancelledError("request canceled")
 
 
+async def chained(head: list[Event], rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """The events ``collect`` read first, then the rest of the stream."""
+    for event in head:
+        yield event
+    async for event in rest:
+        yield event
+
+
 async def respond(
     events: AsyncIterator[Event],
     request: Request,
@@ -146,12 +154,6 @@ async def respond(
     except ModelhubError as exc:
         return error_response(exc, "ollama")
 
-    async def all_events() -> AsyncIterator[Event]:
-        for event in head:
-            yield event
-        async for event in events:
-            yield event
-
     def shape(event: Event) -> dict[str, Any] | None:
         if event.get("event") == "done":
             if on_done:
@@ -163,7 +165,7 @@ async def respond(
         parts: list[dict[str, Any]] = []
         last: dict[str, Any] | None = None
         try:
-            async for event in all_events():
+            async for event in chained(head, events):
                 shaped = shape(event)
                 if shaped is None:
                     continue
@@ -179,7 +181,7 @@ async def respond(
 
     async def lines() -> AsyncIterator[bytes]:
         try:
-            async for event in all_events():
+            async for event in chained(head, events):
                 shaped = shape(event)
                 if shaped is not None:
                     yield ndjson(shaped)

@@ -29,7 +29,7 @@ from modelhub.runtime.planning import keep_alive_seconds, plan
 from modelhub.server import logprobs, schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.errors import error_body
-from modelhub.server.generation import collect, run_on_runner
+from modelhub.server.generation import chained, collect, run_on_runner
 from modelhub.server.lookup import find_model
 from modelhub.server.prompts import chat_prompt, generate_prompt
 from modelhub.server.reply_options import (
@@ -318,15 +318,9 @@ async def _run(request: Request, chat: bool) -> Response:
     # Up to the first token (or everything, unstreamed): errors keep their status.
     head = await collect(events, request, first_token_only=c.stream)
 
-    async def all_events() -> AsyncIterator[Event]:
-        for ev in head:
-            yield ev
-        async for ev in events:
-            yield ev
-
     if not c.stream:
-        return await _unstreamed(c, all_events())
-    return StreamingResponse(_streamed(c, all_events()), media_type="text/event-stream")
+        return await _unstreamed(c, chained(head, events))
+    return StreamingResponse(_streamed(c, chained(head, events)), media_type="text/event-stream")
 
 
 def _message(part: ReplyPart, delta: bool) -> dict[str, Any]:

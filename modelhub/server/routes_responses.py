@@ -25,7 +25,7 @@ from modelhub.errors import InputError, ModelhubError
 from modelhub.replies.reply import ReplyPart
 from modelhub.replies.tool_calls import ToolCall
 from modelhub.server.errors import error_body
-from modelhub.server.generation import collect
+from modelhub.server.generation import chained, collect
 from modelhub.server.lookup import find_model
 from modelhub.server.requests import read_model_request
 from modelhub.server.routes_openai import chat_setup, completion_events
@@ -372,16 +372,10 @@ async def responses(request: Request) -> Response:
     events = completion_events(state, chat, setup, view, started)
     head = await collect(events, request, first_token_only=req.stream)
 
-    async def all_events() -> AsyncIterator[Event]:
-        for ev in head:
-            yield ev
-        async for ev in events:
-            yield ev
-
     reply = _Reply(req.model, req.data)
     if not req.stream:
         whole, result = ReplyPart(), {}
-        async for ev in all_events():
+        async for ev in chained(head, events):
             if ev.get("event") == "token":
                 whole.add(setup.parse(str(ev.get("text", ""))))
             elif ev.get("event") == "done":
@@ -389,7 +383,9 @@ async def responses(request: Request) -> Response:
         whole.add(setup.finish())
         _whole(reply, whole)
         return JSONResponse(reply.response("completed", result))
-    return StreamingResponse(_streamed(reply, setup, all_events()), media_type="text/event-stream")
+    return StreamingResponse(
+        _streamed(reply, setup, chained(head, events)), media_type="text/event-stream"
+    )
 
 
 async def _streamed(
