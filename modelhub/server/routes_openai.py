@@ -229,13 +229,22 @@ class _Completion:
 
     chat: bool
     model: str
-    prompt: str  # the rendered text the model is given
     stream: bool
     include_usage: bool
-    parser: ReplyParser | None = None
-    logprobs: int | None = None  # alternatives per token; None: no log-probabilities
+    setup: Setup  # the rendered request
     ident: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives per token; None: no log-probabilities."""
+        return self.setup.top
+
+    def parse(self, text: str) -> ReplyPart:
+        return self.setup.parse(text)
+
+    def finish(self) -> ReplyPart:
+        return self.setup.finish()
 
     def envelope(self, chunk: bool, **rest: Any) -> dict[str, Any]:
         if self.chat:
@@ -313,7 +322,7 @@ async def _run(request: Request, chat: bool) -> Response:
         grammar = request_grammar(data, format_grammar(_format(data)))
         setup = Setup(text, grammar, None, None, logprobs.completion_requested(data))
     usage_wanted = bool(field(data, "stream_options", dict, {}).get("include_usage"))
-    c = _Completion(chat, req.model, setup.text, req.stream, usage_wanted, setup.parser, setup.top)
+    c = _Completion(chat, req.model, req.stream, usage_wanted, setup)
     events = completion_events(state, data, setup, view, started)
     # Up to the first token (or everything, unstreamed): errors keep their status.
     head = await collect(events, request, first_token_only=c.stream)
@@ -344,13 +353,12 @@ async def _unstreamed(c: _Completion, events: AsyncIterator[Event]) -> Response:
     raws: list[dict[str, Any]] = []
     async for ev in events:
         if ev.get("event") == "token":
-            whole.add(_parse(c, str(ev.get("text", ""))))
+            whole.add(c.parse(str(ev.get("text", ""))))
             if ev.get("logprob") is not None:
                 raws.append(ev["logprob"])
         elif ev.get("event") == "done":
             result = ev["result"]
-    if c.parser is not None:
-        whole.add(c.parser.finish())
+    whole.add(c.finish())
     text = whole.content
     choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(result, bool(whole.calls))}
     if c.chat:
@@ -359,10 +367,6 @@ async def _unstreamed(c: _Completion, events: AsyncIterator[Event]) -> Response:
         choice["text"] = text
     choice["logprobs"] = _logprobs(c, raws, 0)
     return JSONResponse(c.envelope(False, choices=[choice], usage=_usage(result)))
-
-
-def _parse(c: _Completion, text: str) -> ReplyPart:
-    return c.parser.feed(text) if c.parser is not None else ReplyPart(content=text)
 
 
 def _logprobs(c: _Completion, raws: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
@@ -406,7 +410,7 @@ async def _streamed(c: _Completion, events: AsyncIterator[Event]) -> AsyncIterat
             if ev.get("event") == "token":
                 if ev.get("logprob") is not None:
                     raws.append(ev["logprob"])
-                part = _parse(c, str(ev.get("text", "")))
+                part = c.parse(str(ev.get("text", "")))
                 if not part:
                     continue  # nothing to show yet (a marker or stop may be starting)
                 called = called or bool(part.calls)
@@ -415,7 +419,7 @@ async def _streamed(c: _Completion, events: AsyncIterator[Event]) -> AsyncIterat
                 raws, first = [], False
             elif ev.get("event") == "done":
                 result = ev["result"]
-                part = c.parser.finish() if c.parser is not None else ReplyPart()
+                part = c.finish()
                 if part or raws:
                     called = called or bool(part.calls)
                     yield _sse(_chunk(c, part, None, first, raws, offset))
