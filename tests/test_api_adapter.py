@@ -74,10 +74,15 @@ def test_drafting_with_an_adapter_is_lossless(served: Daemon, tmp_path: Path) ->
     r = served.cli("create", "smol-lora-ngram", "-f", str(tmp_path / "Modelfile"))
     assert r.returncode == 0, r.stderr
     alone = generate(served, "smol-lora")
-    # The second time the n-gram pool holds the answer: drafting is certain.
-    first, second = (generate(served, "smol-lora-ngram") for _ in range(2))
-    assert first["response"] == second["response"] == alone["response"]
-    assert second["draft_count"] >= second["draft_accepted_count"] > 0
+    # From the second time the n-gram pool holds the answer; adaptive drafting may still sit a
+    # request out on a busy machine, so ask until one drafts (every answer must be the same).
+    runs = []
+    for _ in range(5):
+        runs.append(generate(served, "smol-lora-ngram"))
+        if len(runs) > 1 and runs[-1].get("draft_accepted_count", 0) > 0:
+            break
+    assert all(r["response"] == alone["response"] for r in runs)
+    assert runs[-1]["draft_count"] >= runs[-1]["draft_accepted_count"] > 0
 
 
 def test_show_lists_the_adapter(served: Daemon) -> None:
