@@ -9,19 +9,15 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import threading
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions, TokenEvent
-from modelhub.engine.llama import LlamaContext
-from modelhub.engine.sampling import Sampler
 from modelhub.engine.speculative.base import ProbabilityFn, Proposal
 from modelhub.engine.speculative.verify import accept_probability, draw
+from tests.fixtures.chi2 import chi2_pvalue, exact_joint, sampled_pairs
 from tests.fixtures.synthetic import write_tiny_llama_pair
 
 PROMPTS = ["the hello world", "tiny draft model fast", "abc token the world"]
@@ -305,61 +301,6 @@ def test_a_seed_fixes_the_output_whatever_is_drafted(plain: Engine, spec: Engine
 
 # ---- chi-square: sampled output with a draft has the target's distribution ------------------
 
-SAMPLING = dict(temperature=1.5, top_k=3, top_p=1.0)
-TRIALS = 2500
-
-
-def _exact_joint(target: Path, prompt: list[int]) -> dict[tuple[int, int], float]:
-    """P(t2, t3) for sampling from the target alone, summed over t1, from its logits."""
-    e = _engine(target)
-    try:
-        ctx: LlamaContext = e.ctx
-        sampler = Sampler(GenerateOptions(**SAMPLING), e.model.n_vocab)  # type: ignore[arg-type]
-
-        def dist(seq: list[int]) -> dict[int, float]:
-            ctx.clear()
-            ctx.decode(seq, 0, "last")
-            c = sampler.candidates(ctx.last_logits(), seq)
-            return {int(t): float(p) for t, p in zip(c.ids, c.probs, strict=True)}
-
-        joint: Counter[tuple[int, int]] = Counter()
-        for t1, p1 in dist(prompt).items():
-            for t2, p2 in dist([*prompt, t1]).items():
-                for t3, p3 in dist([*prompt, t1, t2]).items():
-                    joint[(t2, t3)] += p1 * p2 * p3
-        return dict(joint)
-    finally:
-        e.close()
-
-
-def _chi2_pvalue(samples: Counter[tuple[int, int]], exact: dict[tuple[int, int], float]) -> float:
-    assert set(samples) <= set(exact), "emitted a pair the target cannot produce"
-    n = sum(samples.values())
-    cells = sorted(exact, key=lambda c: -exact[c])
-    observed, expected, rest_o, rest_e = [], [], 0.0, 0.0
-    for c in cells:
-        if exact[c] * n >= 5:
-            observed.append(samples.get(c, 0))
-            expected.append(exact[c] * n)
-        else:
-            rest_o += samples.get(c, 0)
-            rest_e += exact[c] * n
-    observed.append(rest_o)
-    expected.append(rest_e)
-    return float(chisquare(observed, np.array(expected) * sum(observed) / sum(expected)).pvalue)
-
-
-def _sampled_pairs(engine: Engine, prompt: list[int], **opts: object) -> Counter[tuple[int, int]]:
-    counts: Counter[tuple[int, int]] = Counter()
-    for seed in range(TRIALS):
-        verify = opts.pop("sampling_verify", "rejection")
-        r = engine.generate(
-            prompt,
-            GenerateOptions(num_predict=3, seed=seed, sampling_verify=verify, **SAMPLING, **opts),  # type: ignore[arg-type]
-        )
-        counts[(r.tokens[1], r.tokens[2])] += 1
-    return counts
-
 
 def _wrong_rule(p, q, token, rng):  # type: ignore[no-untyped-def]
     """The classic bug: after a rejection, resample from p instead of the residual."""
@@ -373,26 +314,26 @@ def chi2_setup(
     pair: tuple[Path, Path], spec: Engine
 ) -> tuple[list[int], dict[tuple[int, int], float]]:
     prompt = spec.tokenize("the")
-    return prompt, _exact_joint(pair[0], prompt)
+    return prompt, exact_joint(pair[0], prompt)
 
 
 def test_rejection_sampling_has_the_targets_distribution(spec: Engine, chi2_setup) -> None:  # type: ignore[no-untyped-def]
     prompt, exact = chi2_setup
-    samples = _sampled_pairs(spec, prompt, draft_num_predict=2)
-    assert _chi2_pvalue(samples, exact) > 1e-3
+    samples = sampled_pairs(spec, prompt, draft_num_predict=2)
+    assert chi2_pvalue(samples, exact) > 1e-3
 
 
 def test_coupled_sampling_has_the_targets_distribution(spec: Engine, chi2_setup) -> None:  # type: ignore[no-untyped-def]
     """Gumbel-max over seeds (what seeded requests use): the target's joint distribution."""
     prompt, exact = chi2_setup
-    samples = _sampled_pairs(spec, prompt, draft_num_predict=2, sampling_verify="coupled")
-    assert _chi2_pvalue(samples, exact) > 1e-3
+    samples = sampled_pairs(spec, prompt, draft_num_predict=2, sampling_verify="coupled")
+    assert chi2_pvalue(samples, exact) > 1e-3
 
 
 def test_wrong_residual_is_detected_on_the_model(spec: Engine, chi2_setup) -> None:  # type: ignore[no-untyped-def]
     prompt, exact = chi2_setup
-    samples = _sampled_pairs(spec, prompt, draft_num_predict=2, acceptance_rule=_wrong_rule)
-    assert _chi2_pvalue(samples, exact) < 1e-4
+    samples = sampled_pairs(spec, prompt, draft_num_predict=2, acceptance_rule=_wrong_rule)
+    assert chi2_pvalue(samples, exact) < 1e-4
 
 
 # ---- prediction (OpenAI Predicted Outputs) -------------------------------------------------

@@ -212,6 +212,45 @@ class BatchLoop:
             self._guard(gen, gen.after_prefill, chunk, logits, last_row)
         for gen, first in rounds:
             self._guard(gen, gen.after_round, logits, first, decode_ns)
+        self._replay([gen for gen, _ in rounds])
+
+    def _replay(self, gens: list[Generation]) -> None:
+        """Evaluate again the accepted tokens of rounds cut back to a checkpoint (recurrent
+        targets, see ``rollback``), all in one decode, now that every request of the step has
+        read its rows. Its time is charged to those requests' next rounds."""
+        todo = [g for g in gens if g.slot is not None and g.slot.recurrent.replay is not None]
+        if not todo:
+            return
+        tokens: list[int] = []
+        positions: list[int] = []
+        seqs: list[int] = []
+        for gen in todo:
+            assert gen.slot is not None and gen.slot.recurrent.replay is not None
+            pos, replay = gen.slot.recurrent.replay
+            tokens.extend(replay)
+            positions.extend(range(pos, pos + len(replay)))
+            seqs.extend([gen.slot.seq] * len(replay))
+        t0 = time.perf_counter_ns()
+        try:
+            self.engine.ctx.decode_rows(tokens, positions, seqs, [False] * len(tokens))
+            error: ModelhubError | None = None
+        except ModelhubError as exc:
+            error = exc
+        share = (time.perf_counter_ns() - t0) // len(todo)
+        for gen in todo:
+            slot = gen.slot
+            assert slot is not None and slot.recurrent.replay is not None
+            pos, replay = slot.recurrent.replay
+            slot.recurrent.replay = None
+            if error is not None:
+                self.engine.ctx.clear_seq(slot.seq)
+                slot.reset()
+                if gen.phase != "done":
+                    gen.fail(error)
+                continue
+            slot.cached.extend(replay)
+            slot.recurrent.decoded(pos, len(replay))
+            gen.replay_ns += share
 
     @staticmethod
     def _guard(gen: Generation, work: Callable[..., T], *args: Any) -> T | None:

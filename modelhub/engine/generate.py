@@ -37,6 +37,7 @@ from modelhub.engine.options import (
     bounded_num_predict,
     validate_config,
 )
+from modelhub.engine.rollback import MAX_SNAPSHOTS, Rollback
 from modelhub.engine.sampling import Sampler
 from modelhub.engine.sequence import Generation, OnDone, Slot
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
@@ -92,6 +93,11 @@ class Engine:
             # Q8_0/Q4_0 keys need heads of a multiple of 32 (llama.cpp refuses others).
             log.info("head size %d: F16 KV cache", self.model.head_size_k())
             self.kv_cache_type = "f16"
+        recurrent = self.model.is_recurrent or self.model.is_hybrid
+        wants_draft = cfg.draft_kind != "none" or drafter is not None
+        snapshots = 0
+        if recurrent and wants_draft and cfg.recurrent_rollback == "auto":
+            snapshots = min(MAX_SNAPSHOTS, cfg.draft_num_predict)
         try:
             for path in cfg.adapter_paths:  # the model's ADAPTER: the target's contexts apply it
                 self.model.load_adapter(Path(path))
@@ -102,12 +108,21 @@ class Engine:
                 n_threads=self.n_threads,
                 n_seq=self.n_parallel,
                 kv_cache_type=self.kv_cache_type,
+                n_rs_seq=snapshots,
             )
             self.ctx.set_adapters(self.model.adapters, cfg.adapter_scale)
         except BaseException:
             self.model.close()
             raise
         self.n_ctx = min(n_ctx, self.ctx.n_ctx)  # llama.cpp may round the context up
+        # Recurrent state is cut back with snapshots or checkpoints (see ``rollback``).
+        self.rollback = Rollback(self.ctx, recurrent)
+        if recurrent and wants_draft:
+            log.info(
+                "%s keeps recurrent state: drafts are cut back with %s",
+                self.model.architecture,
+                f"{self.ctx.n_rs_seq} state snapshots" if self.ctx.n_rs_seq else "checkpoints",
+            )
         self._embed_ctx: LlamaContext | None = None
         self.drafting_disabled: str | None = None
         if cfg.draft_kind == "mtp" and cfg.draft_path is not None and not _mtp_only(cfg):
@@ -116,11 +131,6 @@ class Engine:
             self.drafting_disabled = (
                 f"external MTP drafter files other than MTP-only GGUFs "
                 f"({Path(cfg.draft_path).name}) are not supported by this engine yet"
-            )
-        elif self.model.is_recurrent or self.model.is_hybrid:
-            # Partial KV removal is impossible there; checkpoints are not implemented.
-            self.drafting_disabled = (
-                f"{self.model.architecture} keeps recurrent state that cannot be rolled back"
             )
         self.drafter: Drafter | None = drafter if self.drafting_disabled is None else None
         if self.drafting_disabled is not None:

@@ -359,9 +359,14 @@ class LlamaContext:
         n_outputs_max: int = 0,
         n_seq: int = 1,
         kv_cache_type: str | None = None,
+        n_rs_seq: int = 0,
     ) -> None:
-        """``kv_cache_type``: a ``KV_TYPES`` name (None: llama.cpp's default, F16)."""
+        """``kv_cache_type``: a ``KV_TYPES`` name (None: llama.cpp's default, F16).
+        ``n_rs_seq``: recurrent-state snapshots kept per sequence, so that the last
+        ``n_rs_seq`` tokens of a decode can be cut back (llama.cpp honours it for some
+        architectures only: :attr:`n_rs_seq` says what it granted)."""
         params = llama_cpp.llama_context_default_params()
+        params.n_rs_seq = n_rs_seq
         if kv_cache_type is not None:
             params.type_k, params.type_v = KV_TYPES[kv_cache_type]
         params.n_ctx = n_ctx * n_seq
@@ -397,6 +402,7 @@ class LlamaContext:
         self.n_seq = n_seq
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(handle))  # positions per sequence
         self.n_batch = n_batch
+        self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(handle))
         self.memory = llama_cpp.llama_get_memory(handle)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
@@ -528,6 +534,27 @@ class LlamaContext:
         if not llama_cpp.llama_memory_seq_rm(self.memory, seq, keep, keep + discard):
             return False
         llama_cpp.llama_memory_seq_add(self.memory, seq, keep + discard, -1, -discard)
+        return True
+
+    def save_state(self, seq: int) -> ctypes.Array[ctypes.c_uint8]:
+        """A copy of ``seq``'s recurrent state (llama.cpp's partial state: not the attention
+        cache, which can be cut back instead), for :meth:`load_state`."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self.handle, seq, flags))
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data_ext(self.handle, buf, size, seq, flags)
+        if written != size:
+            raise ModelhubError(f"could not save the state of sequence {seq}")
+        return buf
+
+    def load_state(self, seq: int, state: ctypes.Array[ctypes.c_uint8]) -> bool:
+        """Put back a :meth:`save_state` copy; the attention cache past it must then be cut
+        (:meth:`truncate`). False when llama.cpp refused it (the sequence is then cleared)."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        n = llama_cpp.llama_state_seq_set_data_ext(self.handle, state, len(state), seq, flags)
+        if n == 0:
+            self.clear_seq(seq)
+            return False
         return True
 
     def pos_max(self, seq: int = 0) -> int:

@@ -37,7 +37,10 @@ class EngineConfig:
     values F16: the CPU attention kernel then is the same for every batch shape, see
     ``llama.KV_TYPES``), or ``f16``, ``q8_0``, ``q4_0`` for both. ``adapter_paths`` are GGUF
     LoRA adapters applied to the target (its generation and embedding contexts, not a draft
-    model) at ``adapter_scale`` times their own ``alpha / rank``.
+    model) at ``adapter_scale`` times their own ``alpha / rank``. ``recurrent_rollback``: how a
+    target with recurrent state is cut back after a rejected draft (``engine.rollback``):
+    ``auto`` uses llama.cpp's state snapshots where the architecture has them and checkpoints
+    otherwise, ``checkpoint`` always checkpoints (for comparisons).
     """
 
     model_path: Path
@@ -57,6 +60,7 @@ class EngineConfig:
     kv_cache_type: str = "auto"
     adapter_paths: list[Path] = field(default_factory=list)
     adapter_scale: float = 1.0
+    recurrent_rollback: Literal["auto", "checkpoint"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult, TokenLogprob
+from modelhub.engine.rollback import RecurrentState
 from modelhub.engine.sampling import Sampler, TokenConstraint
 from modelhub.engine.shift import follow_shift, keep_count, shift_sequence
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
@@ -49,6 +50,12 @@ class Slot:
     ngram: Drafter | None = None  # drafts where a prediction has nothing (made on first use)
     last_used: float = 0.0
     busy: bool = False
+    recurrent: RecurrentState = field(default_factory=RecurrentState)  # see ``rollback``
+
+    def reset(self) -> None:
+        """The sequence was cleared: nothing of it is cached any more."""
+        self.cached.clear()
+        self.recurrent = RecurrentState()
 
 
 class Generation:
@@ -86,6 +93,8 @@ class Generation:
         self._q: npt.NDArray[np.float32] | None = None
         self._k = 0
         self._t_round = self._t_prep = self._t_drafted = 0
+        self._checkpoint_ns = 0  # saving the recurrent state before this round's batch
+        self.replay_ns = 0  # re-evaluating the last round's accepted tokens (batch loop)
 
     @property
     def cancelled(self) -> bool:
@@ -99,17 +108,13 @@ class Generation:
         self.drafter, self.k_max = engine.request_drafter(slot, self.options, self.prediction)
         prompt = self.prompt
         reuse = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
-        if reuse < len(slot.cached):
-            if not engine.ctx.truncate(reuse, slot.seq):
-                engine.ctx.clear_seq(slot.seq)
-                reuse = 0
-            del slot.cached[reuse:]
+        reuse = engine.rollback.reuse(slot.seq, slot.cached, slot.recurrent, reuse)
         if isinstance(slot.drafter, TargetObserver):
             resume = slot.drafter.rollback(reuse)
             if resume < reuse:  # it needs hidden states from earlier positions: replay them
-                engine.ctx.truncate(resume, slot.seq)
-                del slot.cached[resume:]
-                reuse = resume
+                reuse = engine.rollback.reuse(slot.seq, slot.cached, slot.recurrent, resume)
+                if reuse < resume:  # a recurrent target went back further (a checkpoint)
+                    slot.drafter.rollback(reuse)
         self.reused = self.next_pos = reuse
         self.t_start = time.perf_counter_ns()
         self.phase = "prefill"
@@ -130,7 +135,10 @@ class Generation:
         assert self.slot is not None
         start = self.next_pos
         self.slot.cached.extend(chunk)
+        self.slot.recurrent.decoded(start, len(chunk))
         self.next_pos += len(chunk)
+        if self.next_pos == len(self.prompt) - 1:  # where the next turn's prompt may diverge
+            self.engine.rollback.keep_prompt(self.slot.seq, self.slot.recurrent, self.next_pos)
         if isinstance(self.slot.drafter, TargetObserver):
             self.slot.drafter.observe_target(chunk, start, row - len(chunk) + 1)
         if self.next_pos < len(self.prompt):
@@ -196,6 +204,11 @@ class Generation:
         if self.drafter is not None and k > 0:
             self._propose(self.drafter, k)
         self._t_drafted = time.perf_counter_ns()
+        assert self.slot is not None
+        self.engine.rollback.before_round(
+            self.slot.seq, self.slot.recurrent, n_past, len(self._drafts)
+        )
+        self._checkpoint_ns = time.perf_counter_ns() - self._t_drafted
         return [self.tokens[-1], *self._drafts]
 
     def _propose(self, drafter: Drafter, k: int) -> None:
@@ -231,6 +244,7 @@ class Generation:
         n_past = len(tokens) - 1
         batch = [tokens[-1], *drafts]
         slot.cached.extend(batch)  # the cache now holds the whole batch
+        slot.recurrent.decoded(n_past, len(batch))
         if isinstance(slot.drafter, TargetObserver):
             slot.drafter.observe_target(batch, n_past, first_row)
         t_verify = time.perf_counter_ns()
@@ -241,7 +255,9 @@ class Generation:
             slot.drafter.rollback(len(tokens) - 1)
         if self.drafter is not None:
             self.drafter.commit(tokens)
-        verify_ns = decode_ns + t_done - t_verify
+        # Cutting a recurrent state back is part of what verification costs.
+        verify_ns = decode_ns + t_done - t_verify + self._checkpoint_ns + self.replay_ns
+        self.replay_ns = 0
         result = self.result
         if drafts:
             result.draft_count += len(drafts)
@@ -319,12 +335,11 @@ class Generation:
                 break
         tokens.extend(new[:count])
         keep = n_past + count  # pending + the committed tokens except the new pending
-        if len(slot.cached) > keep:
-            if not self.engine.ctx.truncate(keep, slot.seq):
-                self.engine.ctx.clear_seq(slot.seq)
-                slot.cached.clear()
-                raise ModelhubError("the target's cache could not be rolled back; it was reset")
-            del slot.cached[keep:]
+        cut = self.engine.rollback.cut_round
+        if len(slot.cached) > keep and not cut(slot.seq, slot.cached, slot.recurrent, keep):
+            self.engine.ctx.clear_seq(slot.seq)
+            slot.reset()
+            raise ModelhubError("the target's cache could not be rolled back; it was reset")
         return count
 
     # ---- context shift -------------------------------------------------------------------------
@@ -386,7 +401,7 @@ class Generation:
             return
         if self.slot is not None:
             self.engine.ctx.clear_seq(self.slot.seq)
-            self.slot.cached.clear()
+            self.slot.reset()
         self._release()
         self.on_done(None, error)
 
