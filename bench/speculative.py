@@ -19,6 +19,9 @@ g. JSON-schema output (a grammar on every row): n-gram drafting and a prediction
    document the prompt edits, as the model wrote it when asked to copy it) against plain
    decoding under the same grammar, on two edits of a JSON document. Goal: >= 1.3x for the
    better drafter.
+h. targets with recurrent state (``bench/recurrent.py``): decode cost with llama.cpp's state
+   snapshots, one checkpoint as a fraction of a decode, and drafting on tiny synthetic hybrid
+   and Mamba fixtures (no small real one is reachable). No goal; for the record.
 
 Tokens/s counts generated tokens over generation time (prefill excluded) except in (e), where
 both sides are timed by the wall clock around the whole call. Each cell is the best of
@@ -437,6 +440,12 @@ def section_g(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def section_h(args: argparse.Namespace) -> dict[str, Any]:
+    from recurrent import section_h as run  # bench/recurrent.py, beside this script
+
+    return run(args)
+
+
 def report(results: dict[str, Any]) -> None:
     for key in ("a", "b", "c", "f", "g"):
         if key not in results:
@@ -475,6 +484,11 @@ def report(results: dict[str, Any]) -> None:
                 f"{prompt:<12} engine {row['engine']:.1f} tok/s  llama-cpp-python "
                 f"{row['llama-cpp-python']:.1f} tok/s  ratio {ratio:.2f}"
             )
+    if "h" in results:
+        from recurrent import report_h
+
+        print(f"\n[h] {results['h']['title']}  (goal: {results['h']['goal']})")
+        report_h(results["h"])
 
 
 TITLES = {
@@ -485,6 +499,7 @@ TITLES = {
     "e": "plain engine vs llama-cpp-python create_completion (Q8_0)",
     "f": "a caller's prediction (OpenAI Predicted Outputs) on the edit prompt, greedy",
     "g": "JSON-schema output: n-gram and prediction drafting under the grammar, greedy",
+    "h": "recurrent state (tiny qwen35 hybrid, tiny mamba): snapshots, checkpoints, drafting",
 }
 
 
@@ -501,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sections", default="abcdefg")
+    parser.add_argument("--sections", default="abcdefgh")
     parser.add_argument("--json", type=Path, default=Path("bench-speculative.json"))
     args = parser.parse_args(argv)
     sections = {
@@ -512,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         "e": section_e,
         "f": section_f,
         "g": section_g,
+        "h": section_h,
     }
     results: dict[str, Any] = {}
     conditions = {

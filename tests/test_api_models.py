@@ -15,7 +15,13 @@ import pytest
 from devtools.daemons import Daemon
 from devtools.realmodels import gemma3_270m, smollm2_q4_1
 from modelhub.store import sha256_file
-from tests.fixtures.synthetic import write_malformed, write_tiny_llama, write_tiny_mtp
+from tests.fixtures.synthetic import (
+    write_malformed,
+    write_tiny_llama,
+    write_tiny_mamba,
+    write_tiny_mtp,
+)
+from tests.fixtures.synthetic_hybrid import write_tiny_qwen35
 
 pytestmark = pytest.mark.slow
 
@@ -230,6 +236,35 @@ def test_split_mtp_heads_file_is_a_draft(daemon: Daemon, tmp_path: Path) -> None
         daemon.cli("create", "bad", "-f", str(modelfile(tmp_path, f"FROM {tiny}\nDRAFT {heads}\n")))
     )
     assert "MTP drafter for 'hy_v3' models" in err
+
+
+def test_targets_with_recurrent_state_draft(daemon: Daemon, tmp_path: Path) -> None:
+    """A hybrid (qwen35 with its MTP head) and a recurrent model (mamba, n-grams) draft through
+    the daemon, with the same greedy text as without a drafter; ``show`` names the drafter."""
+    qwen35 = write_tiny_qwen35(tmp_path / "qwen35.gguf")
+    mamba = write_tiny_mamba(tmp_path / "mamba.gguf")
+    created = {
+        "tiny-qwen35-mtp": f"FROM {qwen35}\nDRAFT mtp\n",
+        "tiny-qwen35": f"FROM {qwen35}\n",
+        "tiny-mamba-ngram": f"FROM {mamba}\nDRAFT ngram\n",
+        "tiny-mamba": f"FROM {mamba}\n",
+    }
+    for name, text in created.items():
+        ok(daemon.cli("create", name, "-f", str(modelfile(tmp_path, text))))
+    body = {"prompt": "hello world the model", "raw": True, "stream": False}
+    body["options"] = {"temperature": 0, "num_predict": 120}
+    with daemon.client() as c:
+        for drafted, plain, kind in (
+            ("tiny-qwen35-mtp", "tiny-qwen35", "mtp"),
+            ("tiny-mamba-ngram", "tiny-mamba", "ngram"),
+        ):
+            show = c.post("/api/show", json={"model": drafted}).json()
+            assert show["details"]["draft"]["kind"] == kind
+            want = c.post("/api/generate", json={**body, "model": plain}).json()
+            got = c.post("/api/generate", json={**body, "model": drafted}).json()
+            assert got["response"] == want["response"]
+            assert got["draft_count"] > 0 and got["draft_accepted_count"] > 0, got
+    assert "mtp" in ok(daemon.cli("show", "tiny-qwen35-mtp"))
 
 
 def test_malformed_gguf_is_a_clear_error(daemon: Daemon, tmp_path: Path) -> None:

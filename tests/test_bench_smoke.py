@@ -134,3 +134,27 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
 
     run = _bench("--num-predict", "1", timeout=60)
     assert run.returncode == 2 and "--num-predict must be at least 2" in run.stderr
+
+
+@pytest.mark.timeout(300)
+def test_recurrent_section_smoke(tmp_path: Path) -> None:
+    """Section h of the speculative bench runs on the synthetic recurrent fixtures alone and
+    reports every figure (its outputs are checked identical to plain decoding inside)."""
+    out = tmp_path / "h.json"
+    script = str(ROOT / "bench" / "speculative.py")
+    run = subprocess.run(
+        [sys.executable, script, "--sections", "h", "--runs", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = json.loads(out.read_text())["h"]["rows"]
+    assert set(rows) == {"qwen35", "mamba"}
+    for row in rows.values():
+        assert row["checkpoint_over_decode"] > 0
+        medians = row["generation"]["median_speedup"]
+        assert medians["plain"] == 1.0 and all(v > 0 for v in medians.values())
+    assert rows["qwen35"]["generation"]["restores"]["ngram+checkpoint"] > 0
+    assert "[h] recurrent state" in run.stdout
