@@ -21,6 +21,7 @@ from tests.fixtures.synthetic import (
     write_tiny_mamba,
     write_tiny_mtp,
 )
+from tests.fixtures.synthetic_drafters import write_tiny_gemma4, write_tiny_gemma4_assistant
 from tests.fixtures.synthetic_hybrid import write_tiny_qwen35
 
 pytestmark = pytest.mark.slow
@@ -265,6 +266,30 @@ def test_targets_with_recurrent_state_draft(daemon: Daemon, tmp_path: Path) -> N
             assert got["response"] == want["response"]
             assert got["draft_count"] > 0 and got["draft_accepted_count"] > 0, got
     assert "mtp" in ok(daemon.cli("show", "tiny-qwen35-mtp"))
+
+
+def test_gemma4_assistant_drafts(daemon: Daemon, tmp_path: Path) -> None:
+    """``DRAFT ./assistant.gguf`` on a Gemma 4 target drafts through the daemon; the assistant
+    of a Gemma 4 model is refused for another architecture when the model is created."""
+    target = write_tiny_gemma4(tmp_path / "gemma4.gguf")
+    assistant = write_tiny_gemma4_assistant(tmp_path / "gemma4-assistant.gguf", target)
+    qwen35 = write_tiny_qwen35(tmp_path / "qwen35.gguf")
+    text = f"FROM {target}\nDRAFT {assistant}\n"
+    ok(daemon.cli("create", "tiny-gemma4-assisted", "-f", str(modelfile(tmp_path, text))))
+    ok(daemon.cli("create", "tiny-gemma4", "-f", str(modelfile(tmp_path, f"FROM {target}\n"))))
+    body = {"prompt": "hello world the model", "raw": True, "stream": False}
+    body["options"] = {"temperature": 0, "num_predict": 60, "draft_num_predict": 4}
+    with daemon.client() as c:
+        show = c.post("/api/show", json={"model": "tiny-gemma4-assisted"}).json()
+        assert show["details"]["draft"]["kind"] == "mtp_drafter"
+        assert show["details"]["draft"]["architecture"] == "gemma4-assistant"
+        want = c.post("/api/generate", json={**body, "model": "tiny-gemma4"}).json()
+        got = c.post("/api/generate", json={**body, "model": "tiny-gemma4-assisted"}).json()
+    assert got["response"] == want["response"]
+    assert got["draft_count"] > 0 and got["draft_accepted_count"] > 0, got
+    bad = modelfile(tmp_path, f"FROM {qwen35}\nDRAFT {assistant}\n")
+    err = fails(daemon.cli("create", "tiny-bad-assistant", "-f", str(bad)))
+    assert "MTP drafter for 'gemma4' models" in err and "'qwen35' model" in err
 
 
 def test_malformed_gguf_is_a_clear_error(daemon: Daemon, tmp_path: Path) -> None:

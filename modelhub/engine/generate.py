@@ -49,7 +49,6 @@ from modelhub.engine.speculative.factory import (
     ngram_drafter,
     prediction_drafter,
 )
-from modelhub.engine.speculative.mtp import MtpDrafter
 from modelhub.engine.textstream import Committer
 from modelhub.errors import DraftError, InputError
 
@@ -125,13 +124,6 @@ class Engine:
             )
         self._embed_ctx: LlamaContext | None = None
         self.drafting_disabled: str | None = None
-        if cfg.draft_kind == "mtp" and cfg.draft_path is not None and not _mtp_only(cfg):
-            # gemma4-assistant style drafters share the target's KV cache through ctx_other;
-            # that path is not implemented (or testable here): serve without drafting.
-            self.drafting_disabled = (
-                f"external MTP drafter files other than MTP-only GGUFs "
-                f"({Path(cfg.draft_path).name}) are not supported by this engine yet"
-            )
         self.drafter: Drafter | None = drafter if self.drafting_disabled is None else None
         if self.drafting_disabled is not None:
             if cfg.draft_kind != "none" or drafter is not None:
@@ -160,8 +152,10 @@ class Engine:
         own)."""
         if self.drafter is None:
             return None
-        if isinstance(self.drafter, DraftModelDrafter | MtpDrafter):
-            return self.drafter.fork()
+        fork = getattr(self.drafter, "fork", None)  # draft model, MTP, EAGLE-3, DFlash
+        if callable(fork):
+            forked: Drafter = fork()
+            return forked
         if self.drafter.kind == "ngram":
             return ngram_drafter(self.model.path)
         raise DraftError(f"{self.drafter.kind} drafting serves one sequence at a time")
@@ -356,10 +350,3 @@ class Engine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _mtp_only(cfg: EngineConfig) -> bool:
-    """True when the configured MTP draft file holds only a model's NextN heads."""
-    from modelhub.gguf.info import read_gguf_info
-
-    return cfg.draft_path is not None and read_gguf_info(Path(cfg.draft_path)).is_mtp_only

@@ -15,7 +15,7 @@ from modelhub.engine.sampling import SamplingParams
 from modelhub.engine.speculative.verify import AcceptanceRule, rejection_step
 from modelhub.errors import InputError
 
-DraftKind = Literal["none", "draft_model", "mtp", "ngram"]
+DraftKind = Literal["none", "draft_model", "mtp", "ngram", "eagle3", "dflash"]
 DoneReason = Literal["stop", "length", "cancel"]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from modelhub.errors import DraftError
 from modelhub.gguf.info import GGUFInfo, read_tokens
@@ -185,6 +185,8 @@ def _check_mtp_drafter(target: GGUFInfo, draft: GGUFInfo, names: tuple[str, str]
             f"draft {names[1]} is an MTP drafter for {family!r} models, but the target "
             f"{names[0]} is a {target.architecture!r} model"
         )
+    if draft.architecture == "gemma4-assistant":
+        check_assistant_pairing(target, draft, names)
     if draft.is_mtp_only:
         if draft.architecture not in MTP_GRAPH_ARCHITECTURES:
             raise DraftError(
@@ -197,6 +199,52 @@ def _check_mtp_drafter(target: GGUFInfo, draft: GGUFInfo, names: tuple[str, str]
                 f"the target {names[0]} has hidden size {target.embedding_length}: it belongs to "
                 "another model"
             )
+
+
+def check_assistant_pairing(
+    target: GGUFInfo, draft: GGUFInfo, names: tuple[str, str] | None = None
+) -> None:
+    """Raise DraftError unless a Gemma 4 assistant can read this target's attention cache:
+    llama.cpp maps the assistant's sliding-window and full-attention layers onto the target's
+    last two layers (which must be one of each; llama.cpp follows a shared-KV layer to its
+    source), reads the target's
+    hidden state (its width is the assistant's ``embedding_length_out``) and its heads must
+    have the target's shape. A mismatch there is undefined behaviour in llama.cpp, so it is
+    refused before anything is loaded."""
+    t_name, d_name = names or (f"'{target.path.name}'", f"'{draft.path.name}'")
+    if target.architecture != "gemma4":
+        raise DraftError(
+            f"draft {d_name} is a Gemma 4 assistant; the target {t_name} is a "
+            f"{target.architecture!r} model, not 'gemma4'"
+        )
+
+    def kv(info: GGUFInfo, key: str) -> Any:
+        return info.kv.get(f"{info.architecture}.{key}")
+
+    width = kv(draft, "embedding_length_out")
+    if width != target.embedding_length:
+        raise DraftError(
+            f"draft {d_name} reads hidden states of width {width}, but the target {t_name} "
+            f"has hidden size {target.embedding_length}: it is the assistant of another model"
+        )
+    for key in (
+        "attention.head_count_kv",
+        "attention.key_length",
+        "attention.key_length_swa",
+        "attention.value_length",
+        "attention.value_length_swa",
+    ):
+        if kv(draft, key) != kv(target, key):
+            raise DraftError(
+                f"draft {d_name} has {key} {kv(draft, key)}, the target {t_name} "
+                f"{kv(target, key)}: it is the assistant of another model"
+            )
+    pattern = kv(target, "attention.sliding_window_pattern")
+    if not isinstance(pattern, list) or len(pattern) < 2 or list(pattern[-2:]) != [True, False]:
+        raise DraftError(
+            f"the target {t_name} does not end with a sliding-window and a full-attention layer "
+            "(attention.sliding_window_pattern), whose caches a Gemma 4 assistant reads"
+        )
 
 
 def check_mtp_target(target: GGUFInfo) -> None:

@@ -44,6 +44,8 @@ DRAFT_MODEL = "draft_model"
 DRAFT_MTP = "mtp"
 DRAFT_MTP_DRAFTER = "mtp_drafter"
 DRAFT_NGRAM = "ngram"
+DRAFT_EAGLE3 = "eagle3"  # an EAGLE-3 head reading target layers' hidden states
+DRAFT_DFLASH = "dflash"  # a DFlash block drafter reading target layers' hidden states
 
 
 @dataclass

@@ -14,7 +14,15 @@ from typing import Any
 
 from modelhub.config import DEFAULT_CONTEXT_LENGTH
 from modelhub.errors import InputError, ModelfileError
-from modelhub.library.views import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM, ModelView
+from modelhub.library.views import (
+    DRAFT_DFLASH,
+    DRAFT_EAGLE3,
+    DRAFT_MODEL,
+    DRAFT_MTP,
+    DRAFT_MTP_DRAFTER,
+    DRAFT_NGRAM,
+    ModelView,
+)
 from modelhub.modelfile import check_parameter, coerce_option
 from modelhub.runtime.memory import adapters_estimate, estimate
 from modelhub.runtime.scheduler import LoadSpec
@@ -38,7 +46,14 @@ RUNTIME_KEYS = (
     "stop",
     "draft_num_predict",
 )
-DEFAULT_DRAFT_LEN = {DRAFT_MODEL: 4, DRAFT_MTP: 4, DRAFT_MTP_DRAFTER: 4, DRAFT_NGRAM: 16}
+DEFAULT_DRAFT_LEN = {
+    DRAFT_MODEL: 4,
+    DRAFT_MTP: 4,
+    DRAFT_MTP_DRAFTER: 4,
+    DRAFT_NGRAM: 16,
+    DRAFT_EAGLE3: 4,
+    DRAFT_DFLASH: 4,
+}
 # A caller-supplied prediction costs nothing to draft: allow long drafts (adaptive trims them).
 PREDICTION_DRAFT_LEN = 16
 
@@ -104,6 +119,8 @@ def plan(
         DRAFT_MTP: "mtp",
         DRAFT_MTP_DRAFTER: "mtp",
         DRAFT_NGRAM: "ngram",
+        DRAFT_EAGLE3: "eagle3",
+        DRAFT_DFLASH: "dflash",
     }.get(kind, "none")
     bound = int(view.parameters.get("draft_num_predict", DEFAULT_DRAFT_LEN.get(kind, 0)))
     config: dict[str, Any] = {
@@ -125,7 +142,7 @@ def plan(
     if view.adapter_paths:
         # Only when present: models without one keep their runner identity.
         config["adapter_paths"] = [str(p) for p in view.adapter_paths]
-    if kind == DRAFT_MTP_DRAFTER and view.draft_path is not None:
+    if kind in (DRAFT_MTP_DRAFTER, DRAFT_EAGLE3, DRAFT_DFLASH) and view.draft_path is not None:
         config["draft_path"] = str(view.draft_path)
     if config["n_batch"] < bound + 1:
         raise InputError(f"num_batch {config['n_batch']} must be at least draft_num_predict + 1")

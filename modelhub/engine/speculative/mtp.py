@@ -12,6 +12,14 @@ the same heads, a cache of its own), reading its rows of the target's batch. Wit
 (``nextn_predict_layers`` > 1) head i drafts token i+1 and every draft step re-decodes the
 chain under that head (K is then capped at the number of heads).
 
+A Gemma 4 *assistant* (``gemma4-assistant``: a small separate model, ``DRAFT ./assistant.gguf``)
+is drafted the same way with one difference (:attr:`MtpDrafter.shared`): it has no cache of
+its own but attends over the target's (llama.cpp maps its layers onto the target's last
+sliding-window and full-attention layers), so there is no catch-up decode, every draft step is
+evaluated at the pending token's position (the target's cache holds what comes before), and
+rolling back is the target's business. Its context follows one target sequence (its rows
+carry that sequence's id): the primary follows sequence 0, fork i sequence i.
+
 The staging API is feature-detected: a build without it gets a clear error, never a crash.
 Creating an MTP context on a model loaded without its NextN tensors aborts the process inside
 llama.cpp, so the model and the file are checked first.
@@ -66,7 +74,8 @@ def _check_heads(heads: LlamaModel) -> None:
     from modelhub.gguf.info import read_gguf_info
     from modelhub.gguf.pairing import check_mtp_target
 
-    check_mtp_target(read_gguf_info(heads.path))
+    if heads.architecture != "gemma4-assistant":  # an assistant is checked with its target
+        check_mtp_target(read_gguf_info(heads.path))
     if not heads.load_mtp:
         raise DraftError("the model was loaded without its MTP tensors (load_mtp is off)")
     if heads.n_layer_nextn <= 0:
@@ -88,9 +97,11 @@ class MtpDrafter:
         p_min: float = 0.0,
         owns_heads: bool = False,
         primary: bool = True,
+        seq: int = 0,
     ) -> None:
         """``primary``: this drafter switches the target's NextN output on and, at close, off
-        (its forks, one per other sequence, leave it alone)."""
+        (its forks, one per other sequence, leave it alone). ``seq``: the target sequence a
+        shared-cache drafter (an assistant) follows."""
         self._ext = nextn_api()
         _check_heads(heads)
         width = int(llama_cpp.llama_model_n_embd_out(heads.handle)) or heads.n_embd
@@ -100,11 +111,15 @@ class MtpDrafter:
                 f"{target_ctx.model.n_embd}"
             )
         self.heads = heads
+        self.shared = heads.architecture == "gemma4-assistant"
+        self.seq = seq if self.shared else 0
+        self._forks = 0
         self._heads = heads if owns_heads else None  # closed with this drafter
         self._primary = primary
         self._n_threads = n_threads
         self.n_embd = width
-        self.n_heads = heads.n_layer_nextn
+        # An assistant's blocks form one head (llama.cpp runs them in one graph).
+        self.n_heads = 1 if self.shared else heads.n_layer_nextn
         self.p_min = p_min
         self.rng = np.random.default_rng()
         self._target_ctx = target_ctx
@@ -115,7 +130,10 @@ class MtpDrafter:
             n_threads=n_threads,
             ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP,
             ctx_other=target_ctx,
-            n_outputs_max=1,
+            # a shared cache is the target's: the same sequences (llama.cpp then wants room
+            # for an output per sequence)
+            n_outputs_max=target_ctx.n_seq if self.shared else 1,
+            n_seq=target_ctx.n_seq if self.shared else 1,
         )
         self._ext.llama_set_embeddings_nextn(target_ctx.handle, True, False)
         self._ext.llama_set_embeddings_nextn(self.ctx.handle, True, True)
@@ -126,7 +144,7 @@ class MtpDrafter:
         self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = 0
+            self._batch.seq_id[i][0] = self.seq
         self._len = 0  # positions in the MTP cache (mirrors the target's cache)
         self._rows_start = 0  # target hidden states of the last target batch, by position
         self._rows = np.zeros((0, self.n_embd), dtype=np.float32)
@@ -148,12 +166,15 @@ class MtpDrafter:
     ) -> MtpDrafter:
         """Heads from an MTP-only GGUF (checked against the target before it is loaded)."""
         from modelhub.gguf.info import read_gguf_info
-        from modelhub.gguf.pairing import check_draft_pairing
+        from modelhub.gguf.pairing import check_assistant_pairing, check_draft_pairing
 
         info = read_gguf_info(path, with_tokens=True)
-        if not info.is_mtp_only:
+        target_info = read_gguf_info(target.path, with_tokens=True)
+        if info.architecture == "gemma4-assistant":
+            check_assistant_pairing(target_info, info)
+        elif not info.is_mtp_only:
             raise DraftError(f"{path.name} is not an MTP-only GGUF (NextN blocks without a trunk)")
-        check_draft_pairing(read_gguf_info(target.path, with_tokens=True), info, target.path, path)
+        check_draft_pairing(target_info, info, target.path, path)
         heads = LlamaModel(path, load_mtp=True, repack=repack)
         try:
             return cls(heads, target_ctx, n_threads=n_threads, p_min=p_min, owns_heads=True)
@@ -163,13 +184,16 @@ class MtpDrafter:
 
     def fork(self) -> MtpDrafter:
         """A drafter for another sequence of the target: the same heads, an MTP context of its
-        own. Close it before this one."""
+        own. Close it before this one. An assistant's forks follow sequences 1, 2, ... in the
+        order they are made (the engine makes one per extra slot, in slot order)."""
+        self._forks += 1
         return MtpDrafter(
             self.heads,
             self._target_ctx,
             n_threads=self._n_threads,
             p_min=self.p_min,
             primary=False,
+            seq=self._forks,
         )
 
     # ---- keeping the MTP cache in step with the target ----------------------------------------
@@ -195,6 +219,10 @@ class MtpDrafter:
         # Unmasked NextN output has a row for every batch row, in batch order.
         batch = np.ctypeslib.as_array(ptr, shape=(first_row + len(tokens), self.n_embd))
         rows = batch[first_row:].copy()
+        if self.shared:  # nothing to decode: the target's cache is the assistant's
+            self._rows_start, self._rows = start, rows
+            self._len = start + len(tokens)
+            return
         items: list[tuple[int, int, npt.NDArray[np.float32]]] = []
         if start <= self._len:  # otherwise there is a gap this batch cannot fill
             for pos in range(self._len, start + len(tokens)):
@@ -245,7 +273,9 @@ class MtpDrafter:
         history = list(tokens)
         try:
             for step in range(max_tokens):
-                if self.n_heads > 1:
+                if self.shared:  # every step at the pending position, over the target's cache
+                    self._decode([(chain[-1][0], pos, chain[-1][2])], head=0, logits_last=True)
+                elif self.n_heads > 1:
                     self._truncate(pos)
                     self._decode([*chain], head=step, logits_last=True)
                 else:
@@ -302,7 +332,8 @@ class MtpDrafter:
         self._len = max(self._len, items[-1][1] + 1)
 
     def _truncate_native(self, keep: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self.ctx.memory, 0, keep, -1)
+        if not self.shared:  # a shared cache is cut back with the target's
+            llama_cpp.llama_memory_seq_rm(self.ctx.memory, 0, keep, -1)
 
     def _truncate(self, keep: int) -> None:
         if self._len > keep:
