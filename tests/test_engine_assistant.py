@@ -6,7 +6,6 @@ draft at once, and pairings it cannot serve are refused before anything is loade
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from modelhub.errors import DraftError
 from modelhub.gguf.info import read_gguf_info
 from modelhub.gguf.pairing import check_assistant_pairing, check_draft_pairing
 from tests.fixtures.chi2 import chi2_pvalue, exact_joint, sampled_pairs
+from tests.fixtures.concurrency import run_concurrently
 from tests.fixtures.synthetic_drafters import write_tiny_gemma4, write_tiny_gemma4_assistant
 from tests.fixtures.synthetic_hybrid import write_tiny_qwen35
 
@@ -86,22 +86,13 @@ def test_two_sequences_draft_at_once(
 ) -> None:
     """Each sequence's assistant context reads its own sequence of the shared cache."""
     with _assisted(files, adaptive=False, n_parallel=2) as e:
-        results: dict[str, GenerateResult] = {}
-        barrier = threading.Barrier(2)
-
-        def run(prompt: str) -> None:
-            tokens = e.tokenize(prompt)
-            barrier.wait()
-            results[prompt] = e.generate(tokens, dataclasses.replace(GREEDY, draft_num_predict=4))
-
-        threads = [threading.Thread(target=run, args=(p,)) for p in PROMPTS[:2]]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for prompt in PROMPTS[:2]:
-            assert results[prompt].tokens == references[prompt].tokens
-            assert results[prompt].draft_accepted_count > 0
+        prompts = [e.tokenize(p) for p in PROMPTS[:2]]
+        options = dataclasses.replace(GREEDY, draft_num_predict=4)
+        results, running, _ = run_concurrently(e, prompts, options)
+        assert running == 2
+        for prompt, got in zip(PROMPTS[:2], results, strict=True):
+            assert got.tokens == references[prompt].tokens
+            assert got.draft_accepted_count > 0
 
 
 @pytest.fixture(scope="module")

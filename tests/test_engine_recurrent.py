@@ -9,7 +9,6 @@ the rejections and restores, or the path they claim to cover might never run.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from modelhub.engine.rollback import MAX_SNAPSHOTS
 from modelhub.engine.speculative.base import Drafter, ProbabilityFn, Proposal
 from modelhub.engine.speculative.factory import ngram_drafter
 from tests.fixtures.chi2 import chi2_pvalue, exact_joint, sampled_pairs
+from tests.fixtures.concurrency import run_concurrently
 from tests.fixtures.synthetic import write_tiny_mamba
 from tests.fixtures.synthetic_hybrid import write_tiny_qwen35
 
@@ -174,21 +174,11 @@ def test_parallel_requests_replay_in_one_batch(qwen35: Path) -> None:
         recurrent_rollback="checkpoint",
         n_parallel=2,
     ) as e:
-        results: dict[str, GenerateResult] = {}
-        barrier = threading.Barrier(2)
-
-        def run(prompt: str) -> None:
-            tokens = e.tokenize(prompt)
-            barrier.wait()
-            results[prompt] = e.generate(tokens, GREEDY)
-
-        threads = [threading.Thread(target=run, args=(p,)) for p in PROMPTS[:2]]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for prompt in PROMPTS[:2]:
-            assert results[prompt].tokens == _reference(qwen35, prompt).tokens
+        prompts = [e.tokenize(p) for p in PROMPTS[:2]]
+        results, running, _ = run_concurrently(e, prompts, GREEDY)
+        assert running == 2
+        for prompt, got in zip(PROMPTS[:2], results, strict=True):
+            assert got.tokens == _reference(qwen35, prompt).tokens
         assert e.rollback.restores > 0
 
 

@@ -124,6 +124,13 @@ class Engine:
             )
         self._embed_ctx: LlamaContext | None = None
         self.drafting_disabled: str | None = None
+        if cfg.draft_kind == "mtp" and cfg.draft_path is not None and not _runnable_mtp_file(cfg):
+            # Other external drafter architectures (not MTP-only files, not Gemma 4
+            # assistants) have no driver here: serve without drafting.
+            self.drafting_disabled = (
+                f"external MTP drafter files other than MTP-only GGUFs and Gemma 4 assistants "
+                f"({Path(cfg.draft_path).name}) are not supported by this engine yet"
+            )
         self.drafter: Drafter | None = drafter if self.drafting_disabled is None else None
         if self.drafting_disabled is not None:
             if cfg.draft_kind != "none" or drafter is not None:
@@ -350,3 +357,14 @@ class Engine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _runnable_mtp_file(cfg: EngineConfig) -> bool:
+    """True when the configured MTP draft file is one this engine drafts with: a model's
+    NextN heads alone, or a Gemma 4 assistant."""
+    from modelhub.gguf.info import read_gguf_info
+
+    if cfg.draft_path is None:
+        return False
+    info = read_gguf_info(Path(cfg.draft_path))
+    return info.is_mtp_only or info.architecture == "gemma4-assistant"
