@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,8 +30,13 @@ sys.path.insert(0, str(ROOT))
 
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions  # noqa: E402
 from modelhub.engine.llama import LlamaContext, LlamaModel  # noqa: E402
-from tests.fixtures.synthetic import write_tiny_mamba  # noqa: E402
-from tests.fixtures.synthetic_hybrid import write_tiny_qwen35  # noqa: E402
+
+# The fixtures are written by the test suite's generators (bench/ does not import tests/):
+#   python -c "from tests.fixtures.synthetic_hybrid import write_tiny_qwen35 as q; \
+#     from tests.fixtures.synthetic import write_tiny_mamba as m; \
+#     q('fx/tiny-qwen35.gguf'); m('fx/tiny-mamba.gguf')"
+# then: python bench/speculative.py --sections h --fixtures fx
+FIXTURES = {"qwen35": "tiny-qwen35.gguf", "mamba": "tiny-mamba.gguf"}
 
 PROMPTS = ("hello world the model", "tiny fast token draft", "the the the hello")
 REPEATS = 200
@@ -126,26 +130,31 @@ def _generation(path: Path, threads: int, tokens: int, runs: int, mtp: bool) -> 
 
 
 def section_h(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        fixtures = {
-            "qwen35": write_tiny_qwen35(Path(tmp) / "tiny-qwen35.gguf"),
-            "mamba": write_tiny_mamba(Path(tmp) / "tiny-mamba.gguf"),
+    folder = Path(args.fixtures) if args.fixtures else None
+    fixtures = {name: folder / file for name, file in FIXTURES.items()} if folder else {}
+    missing = [str(p) for p in fixtures.values() if not p.is_file()] or (
+        [] if folder else ["--fixtures DIR"]
+    )
+    if missing:
+        raise SystemExit(
+            f"section h needs the synthetic fixtures ({', '.join(missing)}): see "
+            "bench/recurrent.py for the command that writes them"
+        )
+    rows: dict[str, Any] = {}
+    for name, path in fixtures.items():
+        costs = _step_costs(path, args.threads)
+        one = costs["decode_1_rows_snapshots_0"]
+        rows[name] = {
+            "seconds": {k: round(v, 7) for k, v in costs.items()},
+            "checkpoint_over_decode": round(costs["checkpoint_snapshots_0"] / one, 3),
+            "snapshots_over_plain_1_row": round(costs["decode_1_rows_snapshots_8"] / one, 3),
+            "snapshots_over_plain_5_rows": round(
+                costs["decode_5_rows_snapshots_8"] / costs["decode_5_rows_snapshots_0"], 3
+            ),
+            "generation": _generation(
+                path, args.threads, max(args.tokens, 200), args.runs, mtp=name == "qwen35"
+            ),
         }
-        rows: dict[str, Any] = {}
-        for name, path in fixtures.items():
-            costs = _step_costs(path, args.threads)
-            one = costs["decode_1_rows_snapshots_0"]
-            rows[name] = {
-                "seconds": {k: round(v, 7) for k, v in costs.items()},
-                "checkpoint_over_decode": round(costs["checkpoint_snapshots_0"] / one, 3),
-                "snapshots_over_plain_1_row": round(costs["decode_1_rows_snapshots_8"] / one, 3),
-                "snapshots_over_plain_5_rows": round(
-                    costs["decode_5_rows_snapshots_8"] / costs["decode_5_rows_snapshots_0"], 3
-                ),
-                "generation": _generation(
-                    path, args.threads, max(args.tokens, 200), args.runs, mtp=name == "qwen35"
-                ),
-            }
     return {"goal": "none; for the record (tiny fixtures, see bench/recurrent.py)", "rows": rows}
 
 

@@ -21,7 +21,8 @@ g. JSON-schema output (a grammar on every row): n-gram drafting and a prediction
    better drafter.
 h. targets with recurrent state (``bench/recurrent.py``): decode cost with llama.cpp's state
    snapshots, one checkpoint as a fraction of a decode, and drafting on tiny synthetic hybrid
-   and Mamba fixtures (no small real one is reachable). No goal; for the record.
+   and Mamba fixtures (no small real one is reachable; ``--fixtures DIR``, see that file). No
+   goal; for the record.
 
 Tokens/s counts generated tokens over generation time (prefill excluded) except in (e), where
 both sides are timed by the wall clock around the whole call. Each cell is the best of
@@ -516,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sections", default="abcdefgh")
+    parser.add_argument("--sections", default="abcdefg")
+    parser.add_argument("--fixtures", help="section h: the folder of its synthetic fixtures")
     parser.add_argument("--json", type=Path, default=Path("bench-speculative.json"))
     args = parser.parse_args(argv)
     sections = {

@@ -140,10 +140,20 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
 def test_recurrent_section_smoke(tmp_path: Path) -> None:
     """Section h of the speculative bench runs on the synthetic recurrent fixtures alone and
     reports every figure (its outputs are checked identical to plain decoding inside)."""
+    from tests.fixtures.synthetic import write_tiny_mamba
+    from tests.fixtures.synthetic_hybrid import write_tiny_qwen35
+
+    write_tiny_qwen35(tmp_path / "tiny-qwen35.gguf")
+    write_tiny_mamba(tmp_path / "tiny-mamba.gguf")
     out = tmp_path / "h.json"
     script = str(ROOT / "bench" / "speculative.py")
     run = subprocess.run(
-        [sys.executable, script, "--sections", "h", "--runs", "1", "--json", str(out)],
+        [
+            sys.executable,
+            script,
+            *("--sections", "h", "--runs", "1", "--json", str(out)),
+            *("--fixtures", str(tmp_path)),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
