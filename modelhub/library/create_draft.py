@@ -12,7 +12,14 @@ from modelhub.gguf.info import GGUFInfo
 from modelhub.gguf.pairing import check_draft_pairing, check_mtp_target
 from modelhub.library.create_layers import LayerBuilder
 from modelhub.library.create_request import CreateRequest
-from modelhub.library.views import DRAFT_MODEL, DRAFT_MTP, DRAFT_MTP_DRAFTER, DRAFT_NGRAM
+from modelhub.library.views import (
+    DRAFT_DFLASH,
+    DRAFT_EAGLE3,
+    DRAFT_MODEL,
+    DRAFT_MTP,
+    DRAFT_MTP_DRAFTER,
+    DRAFT_NGRAM,
+)
 from modelhub.store import MEDIA_DRAFT, Layer
 
 
@@ -55,13 +62,21 @@ def apply_draft(
             "model with the same tokenizer, `DRAFT mtp` or `DRAFT ngram`"
         )
     draft = builder.views.gguf_info(draft_layer.digest)
-    kind = DRAFT_MTP_DRAFTER if draft.is_mtp_drafter else DRAFT_MODEL
-    report = check_draft_pairing(
-        target,
-        draft,
-        builder.store.blob_path(model_layer.digest),
-        builder.store.blob_path(draft_layer.digest),
-    )
+    kind = _draft_kind(draft)
+    target_path = builder.store.blob_path(model_layer.digest)
+    draft_path = builder.store.blob_path(draft_layer.digest)
+    if kind in (DRAFT_EAGLE3, DRAFT_DFLASH):
+        from modelhub.gguf.info import read_gguf_info
+        from modelhub.gguf.pairing_layers import check_dflash_pairing, check_eagle3_pairing
+
+        check = check_eagle3_pairing if kind == DRAFT_EAGLE3 else check_dflash_pairing
+        # these end with the tokenizer comparison of check_draft_pairing
+        report = check(
+            read_gguf_info(target_path, with_tokens=True),
+            read_gguf_info(draft_path, with_tokens=True),
+        )
+    else:
+        report = check_draft_pairing(target, draft, target_path, draft_path)
     for warning in report.warnings:
         builder.status(f"warning: {warning}")
     config["draft"] = {
@@ -72,6 +87,15 @@ def apply_draft(
         "file_type": draft.file_type,
     }
     return [*layers, draft_layer], config
+
+
+def _draft_kind(draft: GGUFInfo) -> str:
+    """What a draft file is, from its architecture: the drafter that will read it."""
+    if draft.architecture == "eagle3":
+        return DRAFT_EAGLE3
+    if draft.architecture == "dflash":
+        return DRAFT_DFLASH
+    return DRAFT_MTP_DRAFTER if draft.is_mtp_drafter else DRAFT_MODEL
 
 
 def _draft_from_model(builder: LayerBuilder, ref: str) -> Layer:

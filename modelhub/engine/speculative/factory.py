@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from modelhub.engine.llama import LlamaContext, LlamaModel
 from modelhub.engine.speculative.base import Drafter
@@ -90,7 +90,32 @@ def make_drafter(
         )
     if cfg.draft_kind == "ngram":
         return ngram_drafter(target.path)
-    raise DraftError(f"unknown draft kind {cfg.draft_kind!r}: use none, draft_model, mtp or ngram")
+    if cfg.draft_kind in ("eagle3", "dflash"):
+        if cfg.draft_path is None:
+            raise DraftError(f"draft_kind {cfg.draft_kind!r} needs draft_path (the drafter GGUF)")
+        from modelhub.engine.speculative.layered import LayeredDrafter
+
+        Layered: type[LayeredDrafter]
+        if cfg.draft_kind == "eagle3":
+            from modelhub.engine.speculative.eagle3 import Eagle3Drafter as Layered
+        else:
+            from modelhub.engine.speculative.dflash import DFlashDrafter as Layered
+        # the subclasses implement Drafter; their shared base class does not declare propose
+        return cast(
+            Drafter,
+            Layered.from_file(
+                Path(cfg.draft_path),
+                target,
+                target_ctx,
+                n_threads=n_threads,
+                p_min=cfg.draft_p_min,
+                repack=repack,
+            ),
+        )
+    raise DraftError(
+        f"unknown draft kind {cfg.draft_kind!r}: "
+        "use none, draft_model, mtp, ngram, eagle3 or dflash"
+    )
 
 
 def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int, repack: bool) -> Drafter:
