@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
@@ -86,3 +88,45 @@ def test_rated_drafters_are_asked_for_every_token() -> None:
     assert ctl.next_k() == 16  # the cut, not the round's K, decides from now on
     fixed = AdaptiveDraftLength(8, adaptive=False)
     assert fixed.cut([0.01] * 8) == 8  # fixed K: every draft is verified
+
+
+def _true_cost(rows: int) -> float:
+    """COSTS, interpolated linearly between the row counts it lists."""
+    known = sorted(COSTS.items())
+    for (n0, v0), (n1, v1) in pairwise(known):
+        if n0 <= rows <= n1:
+            return v0 + (v1 - v0) * (rows - n0) / (n1 - n0)
+    return known[-1][1]
+
+
+def _run_rated(ctl: AdaptiveDraftLength, confidence: list[float], rounds: int) -> list[int]:
+    """``rounds`` rounds of a rated drafter whose drafts are all accepted; the verify times
+    are the true costs. Returns the number of drafts verified per round."""
+    cuts = []
+    for _ in range(rounds):
+        k = ctl.cut(confidence)
+        cuts.append(k)
+        ctl.record(len(confidence), k, k, 0.0, _true_cost(k + 1))
+    return cuts
+
+
+def test_a_slow_wide_verify_is_measured_again() -> None:
+    # The wide verifies were measured while another process held the core: 20x their cost.
+    ctl = _measured({1: 1.0, **{n: 20 * v for n, v in COSTS.items() if n > 1}})
+    confident = [0.99] * 16
+    assert ctl.cut(confident) == 0  # believed: drafting looks like a loss
+    cuts = _run_rated(ctl, confident, 60)
+    first = next(i for i, k in enumerate(cuts) if k)
+    assert first < 10, cuts  # a probe came soon
+    assert all(k == 16 for k in cuts[-20:]), cuts  # and drafting stays on once re-measured
+
+
+def test_probes_back_off_when_the_wide_verify_really_is_slow() -> None:
+    ctl = _measured({1: 1.0, **{n: 20 * v for n, v in COSTS.items() if n > 1}})
+    cuts = []
+    for _ in range(1000):
+        k = ctl.cut([0.99] * 16)
+        cuts.append(k)
+        ctl.record(16, k, k, 0.0, 20 * _true_cost(k + 1) if k else 1.0)
+    probes = sum(1 for k in cuts if k)
+    assert 1 <= probes <= 10, probes  # 4, 8, 16, ... rounds apart: a few percent at most

@@ -24,7 +24,7 @@ per-token estimates in place of the single acceptance figure.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 # A plain round must lose by this factor before the controller prefers drafting; avoids
@@ -42,18 +42,25 @@ _OPTIMISTIC_ACCEPTANCE = 0.95
 _EXPLORE_EVERY = 8
 # Until this many rounds have verified drafts, keep probing at the shortest interval.
 _MIN_EVIDENCE = 4
+# Weight of a verify time below the running estimate (see _Ewma.down_alpha).
+_DOWN_ALPHA = 0.6
 
 
 @dataclass
 class _Ewma:
     alpha: float
     value: float | None = None
+    # Weight of a sample below the average; None: ``alpha``. Timings on a shared CPU are noisy
+    # one way (interference only slows a round), so a fast round is believed sooner.
+    down_alpha: float | None = None
 
     def add(self, sample: float) -> None:
         if self.value is None:
             self.value = sample
         else:
-            self.value += self.alpha * (sample - self.value)
+            low = sample < self.value and self.down_alpha is not None
+            alpha = self.down_alpha if low and self.down_alpha is not None else self.alpha
+            self.value += alpha * (sample - self.value)
 
 
 class AdaptiveDraftLength:
@@ -83,6 +90,8 @@ class AdaptiveDraftLength:
         self._min_probe = min_probe_interval
         self._max_probe = max_probe_interval
         self._plain_rounds = 0  # consecutive rounds without drafting
+        self._undrafted = 0  # consecutive rounds that verified no draft (rated drafters too)
+        self._rated_backoff = min_probe_interval  # rounds before cut() probes again
         self._rounds = 0
         self._last_requested = -1  # K of the previous round (-1: none yet)
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
@@ -99,15 +108,16 @@ class AdaptiveDraftLength:
     def verify_cost(self, rows: int) -> float | None:
         """Estimated seconds to verify ``rows`` rows (None until anything was measured).
 
-        Never less than the estimate for fewer rows: more rows cannot be cheaper, and noisy
-        measurements must not make a wider batch look free."""
+        Never more than the estimate for more rows: more rows cannot be cheaper, and timing
+        noise on a shared CPU only ever slows a round, so where two measurements disagree the
+        faster one is believed (a stale slow one is not re-measured when it rules drafting out)."""
         known = sorted((n, e.value) for n, e in self._verify.items() if e.value is not None)
         if not known:
             return None
-        running = 0.0
-        for i, (n, value) in enumerate(known):
-            running = max(running, value)
-            known[i] = (n, running)
+        running = math.inf
+        for i in range(len(known) - 1, -1, -1):
+            running = min(running, known[i][1])
+            known[i] = (known[i][0], running)
         for n, value in known:
             if n == rows:
                 return value
@@ -162,20 +172,45 @@ class AdaptiveDraftLength:
         plain = self.rate(0)
         if plain is None:
             return len(confidence)  # nothing measured yet: this round measures a wide verify
+        best_k = self._best_prefix(confidence, plain, self.verify_cost)
+        if best_k > 0:
+            self._rated_backoff = self._min_probe
+        else:
+            # A wide verify's cost is only measured again when one runs: one slow round
+            # (another process took the core) would otherwise rule drafting out for good. So
+            # now and then verify the prefix that would pay at the prior cost curve, waiting
+            # twice as long after each probe that did not bring drafting back.
+            probe = self._best_prefix(confidence, plain, self._prior_verify_cost)
+            if probe and self._undrafted >= self._rated_backoff:
+                best_k = probe
+                self._rated_backoff = min(self._max_probe, 2 * self._rated_backoff)
+        self.current_k = best_k
+        return best_k
+
+    def _best_prefix(
+        self,
+        confidence: Sequence[float],
+        plain: float,
+        verify_cost: Callable[[int], float | None],
+    ) -> int:
         draft = self._draft.value or 0.0
         best_k, best_rate = 0, plain * _MARGIN
         expected, survive = 1.0, 1.0
         for k, c in enumerate(confidence, start=1):
             survive *= c
             expected += survive
-            verify = self.verify_cost(k + 1)
+            verify = verify_cost(k + 1)
             if verify is None:
                 break
             r = expected / (k * draft + verify)
             if r > best_rate:
                 best_k, best_rate = k, r
-        self.current_k = best_k
         return best_k
+
+    def _prior_verify_cost(self, rows: int) -> float | None:
+        """Seconds to verify ``rows`` rows by the prior curve from the one-row measurement."""
+        one = self.verify_cost(1)
+        return None if one is None else one * (1.0 + _PRIOR_ROW_SLOPE * (rows - 1))
 
     # ---- decisions ---------------------------------------------------------------------------
     def _with_acceptance(self, acceptance: float) -> int:
@@ -233,13 +268,15 @@ class AdaptiveDraftLength:
         drafting: part of what a probe costs); ``verify_seconds`` the time to decode and check
         ``proposed + 1`` rows."""
         rows = proposed + 1
-        self._verify.setdefault(rows, _Ewma(self._cost_alpha)).add(max(verify_seconds, 1e-9))
+        cost = self._verify.setdefault(rows, _Ewma(self._cost_alpha, down_alpha=_DOWN_ALPHA))
+        cost.add(max(verify_seconds, 1e-9))
         # In a run of drafting rounds the drafter catches up on one or two tokens per round
         # (the pending token, the bonus): a cost of every round, so part of the draft cost.
         # After plain rounds the catch-up covers all of them: that is what a probe costs.
         warm = self._last_requested > 0
         if requested > 0 and not warm:
             self._catch_up.add(prepare_seconds)
+        self._undrafted = 0 if proposed > 0 else self._undrafted + 1
         if proposed > 0:
             self._draft_rounds += 1
             if warm:
