@@ -21,7 +21,12 @@ from tests.fixtures.synthetic import (
     write_tiny_mamba,
     write_tiny_mtp,
 )
-from tests.fixtures.synthetic_drafters import write_tiny_gemma4, write_tiny_gemma4_assistant
+from tests.fixtures.synthetic_drafters import (
+    write_tiny_dflash,
+    write_tiny_eagle3,
+    write_tiny_gemma4,
+    write_tiny_gemma4_assistant,
+)
 from tests.fixtures.synthetic_hybrid import write_tiny_qwen35
 
 pytestmark = pytest.mark.slow
@@ -290,6 +295,39 @@ def test_gemma4_assistant_drafts(daemon: Daemon, tmp_path: Path) -> None:
     bad = modelfile(tmp_path, f"FROM {qwen35}\nDRAFT {assistant}\n")
     err = fails(daemon.cli("create", "tiny-bad-assistant", "-f", str(bad)))
     assert "MTP drafter for 'gemma4' models" in err and "'qwen35' model" in err
+
+
+def test_eagle3_and_dflash_draft(daemon: Daemon, tmp_path: Path) -> None:
+    """``DRAFT ./eagle3.gguf`` and ``DRAFT ./dflash.gguf`` are recognised by architecture at
+    create, draft through the daemon with the target's greedy text, and are named by ``show``;
+    a head or block drafter made for another target is refused when the model is created."""
+    target = write_tiny_llama(tmp_path / "tiny-llama.gguf")
+    eagle3 = write_tiny_eagle3(tmp_path / "tiny-eagle3.gguf", target)
+    dflash = write_tiny_dflash(tmp_path / "tiny-dflash.gguf", target)
+    ok(daemon.cli("create", "tiny-layered", "-f", str(modelfile(tmp_path, f"FROM {target}\n"))))
+    body = {"prompt": "hello world the model", "raw": True, "stream": False}
+    body["options"] = {"temperature": 0, "num_predict": 80, "draft_num_predict": 3}
+    with daemon.client() as c:
+        want = c.post("/api/generate", json={**body, "model": "tiny-layered"}).json()
+        for kind, draft in (("eagle3", eagle3), ("dflash", dflash)):
+            name = f"tiny-{kind}"
+            text = f"FROM {target}\nDRAFT {draft}\n"
+            ok(daemon.cli("create", name, "-f", str(modelfile(tmp_path, text))))
+            show = c.post("/api/show", json={"model": name}).json()
+            assert show["details"]["draft"]["kind"] == kind, show["details"]
+            got = c.post("/api/generate", json={**body, "model": name}).json()
+            assert got["response"] == want["response"], kind
+            assert got["draft_count"] > 0 and got["draft_accepted_count"] > 0, got
+            assert kind in ok(daemon.cli("show", name))
+    other = write_tiny_eagle3(tmp_path / "other-eagle3.gguf", target, target_hidden_size=128)
+    bad = modelfile(tmp_path, f"FROM {target}\nDRAFT {other}\n")
+    err = fails(daemon.cli("create", "tiny-bad-eagle3", "-f", str(bad)))
+    assert err.startswith("Error: DRAFT other-eagle3.gguf:"), err
+    assert "target hidden size 128" in err and "has hidden size 64" in err, err
+    far = write_tiny_dflash(tmp_path / "other-dflash.gguf", target, target_layers=(0, 5))
+    bad = modelfile(tmp_path, f"FROM {target}\nDRAFT {far}\n")
+    err = fails(daemon.cli("create", "tiny-bad-dflash", "-f", str(bad)))
+    assert "reads target layer 5" in err and "has 2 blocks" in err, err
 
 
 def test_malformed_gguf_is_a_clear_error(daemon: Daemon, tmp_path: Path) -> None:

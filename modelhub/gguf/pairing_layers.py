@@ -46,7 +46,8 @@ DFLASH_DEFAULT_BLOCK = 16
 
 
 def _names(target: GGUFInfo, draft: GGUFInfo) -> tuple[str, str]:
-    return f"'{target.path.name}'", f"'{draft.path.name}'"
+    """Each file's ``general.name`` where it has one (store blobs are named by digest)."""
+    return f"'{target.name or target.path.name}'", f"'{draft.name or draft.path.name}'"
 
 
 def _kv(info: GGUFInfo, key: str) -> Any:

@@ -5,11 +5,12 @@ layer plus the ``draft`` entry of the config blob.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from modelhub.errors import DraftError
 from modelhub.gguf.info import GGUFInfo
-from modelhub.gguf.pairing import check_draft_pairing, check_mtp_target
+from modelhub.gguf.pairing import PairingReport, check_draft_pairing, check_mtp_target
 from modelhub.library.create_layers import LayerBuilder
 from modelhub.library.create_request import CreateRequest
 from modelhub.library.views import (
@@ -65,18 +66,11 @@ def apply_draft(
     kind = _draft_kind(draft)
     target_path = builder.store.blob_path(model_layer.digest)
     draft_path = builder.store.blob_path(draft_layer.digest)
-    if kind in (DRAFT_EAGLE3, DRAFT_DFLASH):
-        from modelhub.gguf.info import read_gguf_info
-        from modelhub.gguf.pairing_layers import check_dflash_pairing, check_eagle3_pairing
-
-        check = check_eagle3_pairing if kind == DRAFT_EAGLE3 else check_dflash_pairing
-        # these end with the tokenizer comparison of check_draft_pairing
-        report = check(
-            read_gguf_info(target_path, with_tokens=True),
-            read_gguf_info(draft_path, with_tokens=True),
-        )
-    else:
-        report = check_draft_pairing(target, draft, target_path, draft_path)
+    shown = next(iter(req.draft_files), None) if req.draft_files else choice
+    try:
+        report = _check_pairing(kind, target, draft, target_path, draft_path)
+    except DraftError as exc:  # the checks name blobs; say which DRAFT line they are about
+        raise DraftError(f"DRAFT {shown}: {exc}") from None
     for warning in report.warnings:
         builder.status(f"warning: {warning}")
     config["draft"] = {
@@ -87,6 +81,22 @@ def apply_draft(
         "file_type": draft.file_type,
     }
     return [*layers, draft_layer], config
+
+
+def _check_pairing(
+    kind: str, target: GGUFInfo, draft: GGUFInfo, target_path: Path, draft_path: Path
+) -> PairingReport:
+    if kind in (DRAFT_EAGLE3, DRAFT_DFLASH):
+        from modelhub.gguf.info import read_gguf_info
+        from modelhub.gguf.pairing_layers import check_dflash_pairing, check_eagle3_pairing
+
+        check = check_eagle3_pairing if kind == DRAFT_EAGLE3 else check_dflash_pairing
+        # these end with the tokenizer comparison of check_draft_pairing
+        return check(
+            read_gguf_info(target_path, with_tokens=True),
+            read_gguf_info(draft_path, with_tokens=True),
+        )
+    return check_draft_pairing(target, draft, target_path, draft_path)
 
 
 def _draft_kind(draft: GGUFInfo) -> str:
