@@ -3,7 +3,9 @@
 Variables follow Ollama's, renamed: MODELHUB_HOST, MODELHUB_MODELS, MODELHUB_KEEP_ALIVE,
 MODELHUB_ORIGINS, MODELHUB_MAX_LOADED_MODELS, MODELHUB_NUM_PARALLEL, MODELHUB_NUM_THREADS,
 MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART, MODELHUB_KV_CACHE_TYPE (OLLAMA_KV_CACHE_TYPE),
-MODELHUB_CONTEXT_LENGTH (OLLAMA_CONTEXT_LENGTH), plus MODELHUB_MEMORY_LIMIT and MODELHUB_REPACK.
+MODELHUB_CONTEXT_LENGTH (OLLAMA_CONTEXT_LENGTH), MODELHUB_FLASH_ATTENTION (OLLAMA_FLASH_ATTENTION),
+plus MODELHUB_MEMORY_LIMIT, MODELHUB_REPACK, MODELHUB_NUM_GPU (the default num_gpu) and
+MODELHUB_RPC_SERVERS (ggml RPC workers, host:port,...).
 The YAML file (``config.yaml`` in the platformdirs config dir, or MODELHUB_CONFIG) uses the same
 names in lower case without the prefix.
 """
@@ -152,6 +154,9 @@ class Settings:
     no_autostart: bool = False
     memory_limit: int | None = None  # bytes all loaded models may use together (None: the system's)
     repack: bool | None = None  # ggml's CPU weight repacking (None: decided per machine)
+    flash_attention: bool = True  # off: batched verification is no longer bit-exact on CPU
+    num_gpu: int = -1  # layers offloaded when a model does not say (-1: as many as fit)
+    rpc_servers: tuple[str, ...] = ()  # ggml RPC workers every model may use
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -197,6 +202,10 @@ class Settings:
             repack=_tristate("MODELHUB_REPACK", get("MODELHUB_REPACK")),
             kv_cache_type=_kv_cache_type(get("MODELHUB_KV_CACHE_TYPE")),
             context_length=_context_length(get("MODELHUB_CONTEXT_LENGTH")),
+            flash_attention=_tristate("MODELHUB_FLASH_ATTENTION", get("MODELHUB_FLASH_ATTENTION"))
+            is not False,
+            num_gpu=_num_gpu(get("MODELHUB_NUM_GPU")),
+            rpc_servers=_rpc_servers(get("MODELHUB_RPC_SERVERS")),
         )
 
 
@@ -220,6 +229,38 @@ def _kv_cache_type(value: str | None) -> str:
     if text not in KV_CACHE_TYPES:
         raise InputError(f"MODELHUB_KV_CACHE_TYPE={value!r}: use {', '.join(KV_CACHE_TYPES)}")
     return text
+
+
+def _num_gpu(value: str | None) -> int:
+    text = _clean(value or "")
+    if text in ("", "auto"):
+        return -1
+    if not re.fullmatch(r"-?\d+", text) or int(text) < -1:
+        raise InputError(
+            f"MODELHUB_NUM_GPU={value!r}: use -1 (as many layers as fit), 0 (CPU only) or a "
+            "number of layers"
+        )
+    return int(text)
+
+
+_ENDPOINT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([1-9][0-9]{0,4})")
+
+
+def valid_endpoint(text: str) -> bool:
+    """``host:port`` (IPv6 in brackets) with a port of 1..65535."""
+    m = _ENDPOINT.fullmatch(text)
+    return m is not None and int(m[1]) < 65536
+
+
+def _rpc_servers(value: str | None) -> tuple[str, ...]:
+    parts = [p.strip() for p in _clean(value or "").split(",") if p.strip()]
+    for part in parts:
+        if not valid_endpoint(part):
+            raise InputError(
+                f"MODELHUB_RPC_SERVERS: {part!r} is not host:port (e.g. "
+                "192.168.1.20:50052,192.168.1.21:50052)"
+            )
+    return tuple(parts)
 
 
 def _context_length(value: str | None) -> int:

@@ -50,7 +50,7 @@ def test_parameter_types_cover_ollama_and_draft_knobs() -> None:
         "draft_p_min",
     }
     expected: dict[str, type] = {name: int for name in ints} | {name: float for name in floats}
-    expected |= {"use_mmap": bool, "stop": list}
+    expected |= {"use_mmap": bool, "stop": list, "rpc_servers": list}
     assert expected == PARAMETER_TYPES
     assert not DEPRECATED_PARAMETERS & PARAMETER_TYPES.keys()
     assert {"mirostat", "penalize_newline", "use_mlock"} <= DEPRECATED_PARAMETERS

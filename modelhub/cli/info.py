@@ -15,6 +15,7 @@ def info_text(answer: Mapping[str, Any]) -> str:
     """The report: one ``key: value`` line each, devices as a table."""
     system: Mapping[str, Any] = answer.get("system") or {}
     repack: Mapping[str, Any] = answer.get("repack") or {}
+    offload: Mapping[str, Any] = answer.get("offload") or {}
     pairs = [
         ("modelhub", f"{answer.get('version', '?')} at {answer.get('address', '?')}"),
         ("models", str(answer.get("models_dir", "?"))),
@@ -35,8 +36,19 @@ def info_text(answer: Mapping[str, Any]) -> str:
             f"{'on' if repack.get('enabled') else 'off'} (setting {repack.get('setting', 'auto')})"
             + (f": {reason}" if reason and reason != "default" else ""),
         ),
-        ("build", str(system.get("build", ""))),
     ]
+    if offload:
+        num_gpu = int(offload.get("num_gpu", -1))
+        pairs += [
+            ("num_gpu", "-1 (as many layers as fit)" if num_gpu < 0 else str(num_gpu)),
+            ("RPC workers", ", ".join(offload.get("rpc_servers") or []) or "none"),
+            (
+                "attention",
+                f"flash attention {'on' if offload.get('flash_attention', True) else 'off'}, "
+                f"KV cache {offload.get('kv_cache_type', 'auto')}",
+            ),
+        ]
+    pairs.append(("build", str(system.get("build", ""))))
     text = _lines(pairs)
     devices = system.get("devices") or []
     if devices:

@@ -26,6 +26,11 @@ Environment:
   MODELHUB_MEMORY_LIMIT       Memory all loaded models may use together (e.g. "8GiB")
   MODELHUB_REPACK             CPU weight repacking: auto (default), on or off
   MODELHUB_KV_CACHE_TYPE      KV cache type: auto (default: exact drafting on CPU), f16, q8_0, q4_0
+  MODELHUB_FLASH_ATTENTION    Flash attention: on (default: exact drafting on CPU) or off
+  MODELHUB_NUM_GPU            Layers offloaded when a model does not say: -1 (default: as many
+                              as fit), 0 (CPU only) or a count
+  MODELHUB_RPC_SERVERS        ggml RPC workers to split models across, host:port,... (see
+                              `modelhub rpc-worker --help`)
   MODELHUB_CONFIG             YAML settings file (default: config.yaml in the user config dir)
 """
 

@@ -27,7 +27,13 @@ from modelhub.engine.batching import BatchLoop
 from modelhub.engine.cpu import RepackDecision, inject_fault, repack_default
 from modelhub.engine.embeddings import embed_texts, embedding_context
 from modelhub.engine.grammar import GrammarConstraint
-from modelhub.engine.llama import LlamaContext, LlamaModel, default_threads
+from modelhub.engine.llama import (
+    LlamaContext,
+    LlamaModel,
+    clear_allocation_log,
+    default_threads,
+)
+from modelhub.engine.offload import placement, plan_offload
 from modelhub.engine.options import (
     DoneReason,
     EngineConfig,
@@ -84,7 +90,24 @@ class Engine:
             if cfg.repack is not None
             else repack_default()
         )
-        self.model = LlamaModel(Path(cfg.model_path), load_mtp=want_mtp, repack=self.repack.enabled)
+        clear_allocation_log()
+        self.offload = plan_offload(
+            Path(cfg.model_path),
+            cfg.num_gpu,
+            cfg.rpc_servers,
+            cfg.n_ctx * self.n_parallel,
+            cfg.n_batch,
+        )
+        if self.offload.devices:
+            log.info("offload: %s", self.offload.reason)
+        self.model = LlamaModel(
+            Path(cfg.model_path),
+            load_mtp=want_mtp,
+            repack=self.repack.enabled,
+            n_gpu_layers=self.offload.n_gpu_layers,
+            main_gpu=cfg.main_gpu,
+            tensor_split=cfg.tensor_split,
+        )
         train = self.model.n_ctx_train
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
         self.kv_cache_type = cfg.kv_cache_type
@@ -108,12 +131,14 @@ class Engine:
                 n_seq=self.n_parallel,
                 kv_cache_type=self.kv_cache_type,
                 n_rs_seq=snapshots,
+                flash_attn=cfg.flash_attn,
             )
             self.ctx.set_adapters(self.model.adapters, cfg.adapter_scale)
         except BaseException:
             self.model.close()
             raise
         self.n_ctx = min(n_ctx, self.ctx.n_ctx)  # llama.cpp may round the context up
+        self.placement = placement()  # the target's weights, caches and buffers, per device
         # Recurrent state is cut back with snapshots or checkpoints (see ``rollback``).
         self.rollback = Rollback(self.ctx, recurrent)
         if recurrent and wants_draft:

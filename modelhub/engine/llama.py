@@ -52,10 +52,22 @@ _PIECE_CHARS = 8192
 _LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 
 
+# "load_tensors:   CPU_Mapped model buffer size =    92.00 MiB", "... RPC0[host:port] KV ...":
+# what llama.cpp allocated on which device (it has no API for this).
+_BUFFER_LINE = re.compile(r"(\S+) (model|KV|RS|compute|output) buffer size =\s*([\d.]+) MiB")
+_buffers: list[tuple[str, str, int]] = []  # (buffer name, what, bytes) since the last clear
+_OFFLOADED_LINE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_offloaded: list[tuple[int, int]] = []
+
+
 def _on_native_log(level: int, text: bytes, _user_data: Any) -> None:
     message = text.decode("utf-8", errors="replace").rstrip()
     if not message:
         return
+    if (m := _BUFFER_LINE.search(message)) is not None:
+        _buffers.append((m[1], m[2], int(float(m[3]) * 1024 * 1024)))
+    elif (m := _OFFLOADED_LINE.search(message)) is not None:
+        _offloaded.append((int(m[1]), int(m[2])))
     if level in _LEVELS:
         _recent_messages.append(message)
         log.log(_LEVELS[level], "%s", message)
@@ -76,6 +88,23 @@ def ensure_backend() -> None:
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_ready = True
+
+
+def allocated_buffers() -> list[tuple[str, str, int]]:
+    """The buffers llama.cpp reported allocating since :func:`clear_allocation_log`: (buffer
+    name such as ``CPU_Mapped`` or ``RPC0[127.0.0.1:50052]``, model/KV/RS/compute/output,
+    bytes)."""
+    return list(_buffers)
+
+
+def offloaded_layers() -> tuple[int, int] | None:
+    """(offloaded, total) layers of the last model loaded since the clear, as llama.cpp said."""
+    return _offloaded[-1] if _offloaded else None
+
+
+def clear_allocation_log() -> None:
+    _buffers.clear()
+    _offloaded.clear()
 
 
 def recent_native_messages() -> str:
@@ -100,9 +129,15 @@ class LlamaModel:
         load_mtp: bool = False,
         vocab_only: bool = False,
         repack: bool = True,
+        n_gpu_layers: int = 0,
+        main_gpu: int = 0,
+        tensor_split: Sequence[float] = (),
     ) -> None:
         """``repack`` False keeps weights out of ggml's extra buffer types (AMX, repacked
-        layouts): llama.cpp's ``--no-repack``, the fallback for CPUs that fault on them."""
+        layouts): llama.cpp's ``--no-repack``, the fallback for CPUs that fault on them.
+        ``n_gpu_layers`` layers go to the offload devices (GPUs, RPC workers; more than the
+        model has: all of it, the output layer too), split across them in the proportions of
+        ``tensor_split`` (empty: by their free memory); ``main_gpu`` holds what is not split."""
         ensure_backend()
         if not path.is_file():
             raise GGUFError(f"model file not found: {path}")
@@ -110,6 +145,14 @@ class LlamaModel:
         params.load_mtp = load_mtp
         params.vocab_only = vocab_only
         params.use_extra_bufts = repack
+        params.n_gpu_layers = n_gpu_layers
+        params.main_gpu = main_gpu
+        if tensor_split:
+            n = int(llama_cpp.llama_max_devices())
+            if len(tensor_split) > n:
+                raise ModelhubError(f"tensor_split has {len(tensor_split)} parts; at most {n}")
+            self._split = (ctypes.c_float * n)(*tensor_split)  # llama.cpp reads it while loading
+            params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
         _recent_messages.clear()
         handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not handle:

@@ -40,7 +40,12 @@ class EngineConfig:
     model) at ``adapter_scale`` times their own ``alpha / rank``. ``recurrent_rollback``: how a
     target with recurrent state is cut back after a rejected draft (``engine.rollback``):
     ``auto`` uses llama.cpp's state snapshots where the architecture has them and checkpoints
-    otherwise, ``checkpoint`` always checkpoints (for comparisons).
+    otherwise, ``checkpoint`` always checkpoints (for comparisons). ``num_gpu`` layers of the
+    target go to the offload devices (``engine.offload``: -1 as many as fit, 0 CPU only),
+    split by ``tensor_split`` with ``main_gpu`` first; ``rpc_servers`` (``host:port``) are
+    ggml RPC workers registered as such devices. Draft models stay on the CPU. ``flash_attn``
+    False turns flash attention off for the target (batched verification is then no longer
+    bit-identical to one-token decoding on CPU: greedy drafting may change the output).
     """
 
     model_path: Path
@@ -61,6 +66,11 @@ class EngineConfig:
     adapter_paths: list[Path] = field(default_factory=list)
     adapter_scale: float = 1.0
     recurrent_rollback: Literal["auto", "checkpoint"] = "auto"
+    num_gpu: int = -1
+    flash_attn: bool = True
+    main_gpu: int = 0
+    tensor_split: list[float] = field(default_factory=list)
+    rpc_servers: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,9 @@ class Runner:
                 "repack_reason": self.engine.repack.reason,
                 "n_parallel": self.engine.n_parallel,
                 "kv_cache_type": self.engine.kv_cache_type,
+                "placement": self.engine.placement.as_json(),
+                "offload": self.engine.offload.reason,
+                "devices": [d.label for d in self.engine.offload.devices],
             }
         )
 

@@ -74,46 +74,9 @@ def _backends(build: str) -> list[str]:
 
 def _devices() -> list[dict[str, Any]]:
     """ggml's backend devices with their memory (CPU always; GPUs where compiled in)."""
-    import ctypes
+    from modelhub.engine.devices import list_devices
 
-    import llama_cpp
-
-    lib = getattr(llama_cpp, "_lib", None) or getattr(llama_cpp.llama_cpp, "_lib", None)
-    needed = ("ggml_backend_dev_count", "ggml_backend_dev_get", "ggml_backend_dev_name")
-    if lib is None or not all(hasattr(lib, n) for n in needed):
-        return []
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(lib, fn).restype = ctypes.c_char_p
-        getattr(lib, fn).argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_memory.restype = None
-    lib.ggml_backend_dev_memory.argtypes = [
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_size_t),
-        ctypes.POINTER(ctypes.c_size_t),
-    ]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    kinds = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
-    devices = []
-    for i in range(int(lib.ggml_backend_dev_count())):
-        dev = lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        devices.append(
-            {
-                "name": (lib.ggml_backend_dev_name(dev) or b"").decode("utf-8", "replace"),
-                "description": (lib.ggml_backend_dev_description(dev) or b"").decode(
-                    "utf-8", "replace"
-                ),
-                "type": kinds.get(int(lib.ggml_backend_dev_type(dev)), "other"),
-                "memory_free": int(free.value),
-                "memory_total": int(total.value),
-            }
-        )
-    return devices
+    return [d.as_json() for d in list_devices()]
 
 
 def main() -> None:

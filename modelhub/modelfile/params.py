@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from modelhub.config import valid_endpoint
 from modelhub.errors import InputError, ModelfileError
 from modelhub.modelfile.parser import INSTRUCTION_NAMES, Command
 
@@ -26,6 +27,7 @@ PARAMETER_TYPES: dict[str, type] = {
     "use_mmap": bool,
     "num_thread": int,
     "num_parallel": int,
+    "rpc_servers": list,  # ggml RPC workers (host:port), this project's extension
     # speculative decoding; draft_min and draft_p_min are this project's extension
     "draft_num_predict": int,
     "draft_min": int,
@@ -131,7 +133,7 @@ def parse_parameter(name: str, value: str) -> int | float | bool | str:
         if value in _BOOLS:
             return _BOOLS[value]
         raise ModelfileError(f"invalid bool value [{value}]")
-    return value  # stop: the raw text is one element
+    return value  # stop, rpc_servers: the raw text is one element
 
 
 def check_parameter(name: str, value: Any) -> None:
@@ -140,6 +142,13 @@ def check_parameter(name: str, value: Any) -> None:
         raise ModelfileError(f"{name} must be a finite number, got {value}")
     if name == "stop" and value == "":
         raise ModelfileError("stop must not be empty: an empty stop sequence ends every reply")
+    if name == "rpc_servers" and isinstance(value, str):
+        for part in value.split(","):
+            if not valid_endpoint(part.strip()):
+                raise ModelfileError(
+                    f"rpc_servers must be host:port entries (e.g. 192.168.1.20:50052), "
+                    f"got {part.strip()!r}"
+                )
     bounds = _RANGES.get(name)
     if bounds is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
@@ -171,8 +180,8 @@ def parameters_from_commands(cmds: Iterable[Command]) -> tuple[dict[str, Any], l
             check_parameter(cmd.name, value)
         except ModelfileError as exc:
             raise ModelfileError(exc.message, cmd.line) from None
-        if cmd.name == "stop":
-            parameters.setdefault("stop", []).append(value)
+        if PARAMETER_TYPES.get(cmd.name) is list:  # stop, rpc_servers: one element per line
+            parameters.setdefault(cmd.name, []).append(value)
         else:
             parameters[cmd.name] = value
     draft_min, draft_max = parameters.get("draft_min"), parameters.get("draft_num_predict")

@@ -45,6 +45,14 @@ class MemoryEstimate:
         kv = self.kv_cache * n * KV_BYTES.get(kv_cache_type, 4.0) / KV_BYTES["f16"]
         return MemoryEstimate(self.weights, int(kv), self.compute)
 
+    def scaled(self, share: float) -> MemoryEstimate:
+        """The part ``share`` (0..1) of this, e.g. what stays in host memory when llama.cpp
+        put the rest on offload devices."""
+        share = min(1.0, max(0.0, share))
+        return MemoryEstimate(
+            int(self.weights * share), int(self.kv_cache * share), int(self.compute * share)
+        )
+
     def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
         return MemoryEstimate(
             self.weights + other.weights,

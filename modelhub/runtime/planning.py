@@ -28,8 +28,18 @@ from modelhub.runtime.memory import adapters_estimate, estimate
 from modelhub.runtime.scheduler import LoadSpec
 
 DEFAULT_NUM_CTX = DEFAULT_CONTEXT_LENGTH
-LOAD_KEYS = ("num_ctx", "num_batch", "num_thread", "num_parallel", "draft_min", "draft_p_min")
-IGNORED_LOAD_KEYS = ("num_gpu", "main_gpu", "use_mmap")  # no accelerator paths here
+LOAD_KEYS = (
+    "num_ctx",
+    "num_batch",
+    "num_thread",
+    "num_parallel",
+    "num_gpu",
+    "main_gpu",
+    "rpc_servers",
+    "draft_min",
+    "draft_p_min",
+)
+IGNORED_LOAD_KEYS = ("use_mmap",)  # llama.cpp maps the file whenever it can
 RUNTIME_KEYS = (
     "num_predict",
     "num_keep",
@@ -137,6 +147,13 @@ def plan(
         # 0: the daemon's MODELHUB_NUM_PARALLEL, else automatic (the scheduler decides).
         "n_parallel": int(opts.get("num_parallel") or 0),
     }
+    # Only when set: the daemon's defaults (MODELHUB_NUM_GPU, MODELHUB_RPC_SERVERS) apply
+    # otherwise, and models that do not set them keep their runner identity.
+    for key in ("num_gpu", "main_gpu"):
+        if key in opts:
+            config[key] = int(opts[key])
+    if opts.get("rpc_servers"):
+        config["rpc_servers"] = split_endpoints(opts["rpc_servers"])
     if embedding:
         config["n_parallel"] = 1  # embeddings use a context of their own
     if view.adapter_paths:
@@ -169,6 +186,12 @@ def plan(
         memory,
     )
     return Plan(spec=spec, options=runtime, draft_kind=engine_kind if bound > 0 else "none")
+
+
+def split_endpoints(value: Any) -> list[str]:
+    """``rpc_servers`` as given (lines of a Modelfile, a list, a comma-separated text)."""
+    parts = value if isinstance(value, list) else [value]
+    return [e.strip() for part in parts for e in str(part).split(",") if e.strip()]
 
 
 def keep_alive_seconds(value: Any) -> float | None:

@@ -63,6 +63,9 @@ class RunnerProcess:
     async def _start(self, config: dict[str, Any], timeout: float) -> dict[str, Any]:
         self.repack = config.get("repack")
         env = dict(os.environ)
+        # ggml prints a backtrace (attaching gdb where installed) before it aborts: slow, and
+        # it buries the one line that says why.
+        env.setdefault("GGML_NO_BACKTRACE", "1")
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -144,6 +147,12 @@ class RunnerProcess:
     def _death_message(self) -> str:
         tail = next((line for line in reversed(self.stderr_tail) if "error" in line.lower()), "")
         detail = f": {tail}" if tail else ""
+        rpc = next((line for line in reversed(self.stderr_tail) if "RPC" in line), "")
+        if rpc:  # ggml aborts the process when a worker goes away mid-computation
+            detail = (
+                f": {rpc.strip()} (an RPC worker of this model stopped or cannot be reached; "
+                "restart it, then try again)"
+            )
         if self.illegal_instruction:
             detail = (
                 ": this CPU refused an instruction of llama.cpp's kernels even with weight "

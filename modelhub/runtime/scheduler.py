@@ -123,6 +123,9 @@ class Scheduler:
         repack: bool | None = None,
         num_parallel: int = 0,
         kv_cache_type: str = "auto",
+        flash_attention: bool = True,
+        num_gpu: int = -1,
+        rpc_servers: tuple[str, ...] = (),
         runner_factory: Callable[[str], RunnerProcess] = RunnerProcess,
     ) -> None:
         """``runner_factory(label)`` makes the handle of a runner before it starts (tests use
@@ -136,6 +139,9 @@ class Scheduler:
         self.max_queue = max_queue
         self.num_parallel = num_parallel  # for specs that do not say (0: automatic)
         self.kv_cache_type = kv_cache_type  # every runner's target KV cache type
+        self.flash_attention = flash_attention
+        self.num_gpu = num_gpu  # for specs that do not say (-1: as many layers as fit)
+        self.rpc_servers = list(rpc_servers)  # for specs that do not name their own
         self.runners: dict[tuple[str, Any], Loaded] = {}
         self._load_lock = asyncio.Lock()
         self._changed = asyncio.Condition()
@@ -180,9 +186,13 @@ class Scheduler:
                 loaded = None
             if loaded is None:
                 memory, sequences = self._needs(spec)
-                self._check_fits(memory)  # refuse before unloading anything for it
+                # A model that may go to RPC workers or to named GPU layers is not planned
+                # here: how much of it stays in this machine's memory is known only once
+                # llama.cpp has placed it (then counted, see _load).
+                here = MemoryEstimate() if self._may_offload(spec) else memory
+                self._check_fits(here)  # refuse before unloading anything for it
                 await self._replace_same_model(spec)
-                await self._make_room(spec.name, memory)
+                await self._make_room(spec.name, here)
                 loaded = await self._load(spec, keep_alive, memory, sequences)
             elif keep_alive is not None:
                 loaded.keep_alive = keep_alive
@@ -193,6 +203,12 @@ class Scheduler:
                 loaded.timer = None
             loaded.expires_at = FOREVER
             return loaded
+
+    def _may_offload(self, spec: LoadSpec) -> bool:
+        config = dict(spec.config)
+        num_gpu = int(config.get("num_gpu", self.num_gpu))
+        servers = config.get("rpc_servers", self.rpc_servers)
+        return num_gpu != 0 and (bool(servers) or num_gpu > 0)
 
     def _needs(self, spec: LoadSpec) -> tuple[MemoryEstimate, int]:
         """The memory ``spec`` needs and its number of sequences (automatic: 4 if that fits
@@ -210,6 +226,9 @@ class Scheduler:
         config = _thaw(spec.config)
         config["n_parallel"] = sequences
         config["kv_cache_type"] = self.kv_cache_type
+        config["flash_attn"] = self.flash_attention
+        config.setdefault("num_gpu", self.num_gpu)
+        config.setdefault("rpc_servers", self.rpc_servers)
         if self.repack is not None:
             config["repack"] = self.repack
         process = self.runner_factory(spec.name)
@@ -236,6 +255,10 @@ class Scheduler:
         served = loaded.n_parallel  # the engine may serve fewer (a caller's drafter: one)
         if served < sequences:
             loaded.memory = spec.memory.with_sequences(served, self.kv_cache_type)
+        placement = info.get("placement") or {}
+        on_devices, placed = int(placement.get("size_device") or 0), int(placement.get("size") or 0)
+        if on_devices > 0 and placed > 0:  # only the part left in this machine's memory counts
+            loaded.memory = loaded.memory.scaled(1.0 - on_devices / placed)
         loaded.slots = asyncio.Semaphore(served)
         self.runners[spec.key] = loaded
         return loaded

@@ -343,18 +343,22 @@ async def ps(request: Request) -> Response:
             expires = time.time() + (
                 loaded.keep_alive if math.isfinite(loaded.keep_alive) else 292 * 365 * 86400
             )
+        placement = loaded.info.get("placement") or {}
+        on_devices = int(placement.get("size_device") or 0)  # not in the runner's RSS
         entry: dict[str, Any] = {
             "name": spec.name,
             "model": spec.name,
-            "size": int(loaded.info.get("rss") or 0),
+            "size": int(loaded.info.get("rss") or 0) + on_devices,
             "digest": spec.digest,
             "details": details,
             "expires_at": datetime.fromtimestamp(expires).astimezone().isoformat(),
-            "size_vram": 0,
+            "size_vram": on_devices,
             "context_length": int(loaded.info.get("n_ctx") or config["n_ctx"]),
             "repack": bool(loaded.info.get("repack", True)),
             "num_parallel": loaded.n_parallel,
             "kv_cache_type": str(loaded.info.get("kv_cache_type") or "auto"),
+            "devices": list(loaded.info.get("devices") or []),
+            "layers_offloaded": int(placement.get("layers_offloaded") or 0),
             "running": loaded.running,
             "queued": loaded.queued,
         }

@@ -67,5 +67,12 @@ async def info(request: Request) -> Response:
                 "fallback": sched.repack_fallback,
                 "reason": reason,
             },
+            # the daemon's defaults for every model (a Modelfile may set its own)
+            "offload": {
+                "num_gpu": state.settings.num_gpu,
+                "rpc_servers": list(state.settings.rpc_servers),
+                "flash_attention": state.settings.flash_attention,
+                "kv_cache_type": state.settings.kv_cache_type,
+            },
         }
     )

@@ -36,6 +36,9 @@ class ServerState:
             repack=settings.repack,
             num_parallel=settings.num_parallel,
             kv_cache_type=settings.kv_cache_type,
+            flash_attention=settings.flash_attention,
+            num_gpu=settings.num_gpu,
+            rpc_servers=settings.rpc_servers,
         )
         return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 
