@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -149,8 +150,9 @@ class RunnerProcess:
         detail = f": {tail}" if tail else ""
         rpc = next((line for line in reversed(self.stderr_tail) if "RPC" in line), "")
         if rpc:  # ggml aborts the process when a worker goes away mid-computation
+            said = re.sub(r"^\S+\.(?:c|cc|cpp|h):\d+: ", "", rpc.strip())  # the source path
             detail = (
-                f": {rpc.strip()} (an RPC worker of this model stopped or cannot be reached; "
+                f": {said} (an RPC worker of this model stopped or cannot be reached; "
                 "restart it, then try again)"
             )
         if self.illegal_instruction:
