@@ -1,6 +1,10 @@
 """Build (once) and install llama-cpp-python with extra CMake options, e.g. ggml's RPC backend.
 
-    python -m devtools.llama_wheel --cmake-args=-DGGML_RPC=on
+    python -m devtools.llama_wheel --cmake-args=-DGGML_RPC=on [--vulkan]
+
+``--vulkan`` adds ggml's Vulkan backend (the software GPU lane: Mesa's lavapipe; needs Debian's
+``mesa-vulkan-drivers libvulkan-dev glslc spirv-headers``), with ``vulkan_compat/`` ahead of
+the system headers for Vulkan-Hpp releases older than this llama.cpp expects.
 
 pip's own wheel cache is keyed by the source archive only: a wheel built with other CMAKE_ARGS,
 or on another CPU (the build compiles for the machine it runs on), would be handed back
@@ -70,10 +74,25 @@ def build(cmake_args: str, dest: Path) -> Path:
         return target
 
 
+def vulkan_args() -> str:
+    """CMake options for the Vulkan backend, the compatibility headers copied to a path that
+    depends only on their content (so that the cache key does not depend on the checkout)."""
+    source = Path(__file__).resolve().parent / "vulkan_compat"
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:12]
+    stable = CACHE / f"vulkan-compat-{digest}"
+    if not stable.exists():
+        shutil.copytree(source, stable)
+    return f"-DGGML_VULKAN=on -DCMAKE_CXX_FLAGS=-I{stable}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cmake-args", required=True, help='e.g. "-DGGML_RPC=on"')
+    parser.add_argument("--vulkan", action="store_true", help="add the Vulkan backend")
     args = parser.parse_args()
+    if args.vulkan:
+        args.cmake_args = f"{args.cmake_args} {vulkan_args()}".strip()
     dest = wheel_dir(args.cmake_args)
     wheels = sorted(dest.glob("llama_cpp_python-*.whl"))
     if wheels:

@@ -9,8 +9,11 @@ import pytest
 
 from devtools.realmodels import smollm2_q4_1
 from modelhub.config import Settings
-from modelhub.engine.devices import is_loopback, layers_that_fit, parse_endpoint
+from modelhub.engine.cpu import RepackDecision
+from modelhub.engine.devices import Device, is_loopback, layers_that_fit, parse_endpoint
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions
+from modelhub.engine.llama import LoadPlacement
+from modelhub.engine.offload import Offload
 from modelhub.errors import InputError, ModelfileError, ModelhubError
 from modelhub.modelfile import parse_modelfile
 from modelhub.modelfile.params import check_parameter, parameters_from_commands
@@ -101,3 +104,15 @@ def test_cpu_only_build_places_everything_on_the_cpu(tmp_path: Path) -> None:
     with Engine(EngineConfig(smollm2_q4_1(), n_ctx=256, flash_attn=False)) as e:
         out = e.generate(e.tokenize("The sky is"), GenerateOptions(num_predict=4, temperature=0))
         assert out.eval_count == 4
+
+
+def test_draft_files_go_to_local_accelerators_only() -> None:
+    cuda = Device(1, "CUDA0", "NVIDIA H200", "gpu", 100 * MIB, 140 * MIB, handle=11)
+    rpc = Device(2, "RPC0", "10.0.0.2:50052", "gpu", 100 * MIB, 100 * MIB, handle=22)
+    repack = RepackDecision(True, "test")
+    both = Offload(31, [cuda, rpc], "automatic")
+    assert both.draft(repack) == LoadPlacement(True, n_gpu_layers=999, devices=(11,))
+    assert [d.label for d in both.draft_devices] == ["CUDA0"]
+    assert Offload(31, [rpc], "automatic").draft(repack) == LoadPlacement(True)  # RPC only
+    assert Offload(0, [], "num_gpu 0").draft(RepackDecision(False, "x")) == LoadPlacement(False)
+    assert rpc.label == "RPC0[10.0.0.2:50052]" and cuda.label == "CUDA0"

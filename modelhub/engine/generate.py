@@ -30,6 +30,7 @@ from modelhub.engine.grammar import GrammarConstraint
 from modelhub.engine.llama import (
     LlamaContext,
     LlamaModel,
+    LoadPlacement,
     clear_allocation_log,
     default_threads,
 )
@@ -103,10 +104,12 @@ class Engine:
         self.model = LlamaModel(
             Path(cfg.model_path),
             load_mtp=want_mtp,
-            repack=self.repack.enabled,
-            n_gpu_layers=self.offload.n_gpu_layers,
-            main_gpu=cfg.main_gpu,
-            tensor_split=cfg.tensor_split,
+            placement=LoadPlacement(
+                self.repack.enabled,
+                self.offload.n_gpu_layers,
+                cfg.main_gpu,
+                tuple(cfg.tensor_split),
+            ),
         )
         train = self.model.n_ctx_train
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
@@ -163,7 +166,7 @@ class Engine:
         elif drafter is None:
             try:
                 self.drafter = make_drafter(
-                    cfg, self.model, self.ctx, self.n_threads, self.repack.enabled
+                    cfg, self.model, self.ctx, self.n_threads, self.offload.draft(self.repack)
                 )
             except BaseException:
                 self.close()

@@ -17,6 +17,7 @@ import os
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,6 +120,25 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@dataclass(frozen=True)
+class LoadPlacement:
+    """Where a model's weights go. ``repack`` False keeps them out of ggml's extra buffer
+    types (AMX, repacked layouts): llama.cpp's ``--no-repack``, the fallback for CPUs that
+    fault on them. ``n_gpu_layers`` layers go to the offload devices (GPUs, RPC workers; more
+    than the model has: all of it, the output layer too): ``devices`` (ggml device handles;
+    empty: every offload device), split in the proportions of ``tensor_split`` (empty: by
+    their free memory); ``main_gpu`` holds what is not split."""
+
+    repack: bool = True
+    n_gpu_layers: int = 0
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+    devices: tuple[int, ...] = ()
+
+
+ON_CPU = LoadPlacement()
+
+
 class LlamaModel:
     """Weights and vocabulary of one GGUF file."""
 
@@ -128,31 +148,29 @@ class LlamaModel:
         *,
         load_mtp: bool = False,
         vocab_only: bool = False,
-        repack: bool = True,
-        n_gpu_layers: int = 0,
-        main_gpu: int = 0,
-        tensor_split: Sequence[float] = (),
+        placement: LoadPlacement = ON_CPU,
     ) -> None:
-        """``repack`` False keeps weights out of ggml's extra buffer types (AMX, repacked
-        layouts): llama.cpp's ``--no-repack``, the fallback for CPUs that fault on them.
-        ``n_gpu_layers`` layers go to the offload devices (GPUs, RPC workers; more than the
-        model has: all of it, the output layer too), split across them in the proportions of
-        ``tensor_split`` (empty: by their free memory); ``main_gpu`` holds what is not split."""
         ensure_backend()
         if not path.is_file():
             raise GGUFError(f"model file not found: {path}")
         params = llama_cpp.llama_model_default_params()
         params.load_mtp = load_mtp
         params.vocab_only = vocab_only
-        params.use_extra_bufts = repack
-        params.n_gpu_layers = n_gpu_layers
-        params.main_gpu = main_gpu
-        if tensor_split:
+        params.use_extra_bufts = placement.repack
+        params.n_gpu_layers = placement.n_gpu_layers
+        params.main_gpu = placement.main_gpu
+        # llama.cpp reads these arrays while loading: kept alive on self until then
+        if placement.tensor_split:
             n = int(llama_cpp.llama_max_devices())
-            if len(tensor_split) > n:
-                raise ModelhubError(f"tensor_split has {len(tensor_split)} parts; at most {n}")
-            self._split = (ctypes.c_float * n)(*tensor_split)  # llama.cpp reads it while loading
+            if len(placement.tensor_split) > n:
+                raise ModelhubError(
+                    f"tensor_split has {len(placement.tensor_split)} parts; at most {n}"
+                )
+            self._split = (ctypes.c_float * n)(*placement.tensor_split)
             params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
+        if placement.devices:  # NULL-terminated
+            self._devices = (ctypes.c_void_p * (len(placement.devices) + 1))(*placement.devices)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         _recent_messages.clear()
         handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not handle:

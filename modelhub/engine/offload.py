@@ -14,20 +14,37 @@ from pathlib import Path
 from typing import Any
 
 from modelhub.engine import devices
-from modelhub.engine.llama import allocated_buffers, offloaded_layers
+from modelhub.engine.cpu import RepackDecision
+from modelhub.engine.devices import Device
+from modelhub.engine.llama import LoadPlacement, allocated_buffers, offloaded_layers
 from modelhub.gguf.info import read_gguf_info
 
 log = logging.getLogger("modelhub.offload")
 
 _F16 = 2
 _F32 = 4
+_ALL_LAYERS = 999  # more than any model has: llama.cpp then offloads everything
 
 
 @dataclass
 class Offload:
     n_gpu_layers: int  # llama.cpp's n_gpu_layers (n_layer + 1: everything)
-    devices: list[devices.Device]  # where layers may go
+    devices: list[Device]  # where layers may go
     reason: str  # why this many, for the log and /api/show
+
+    @property
+    def draft_devices(self) -> list[Device]:
+        """The devices a draft file goes to (see :meth:`draft`)."""
+        return [d for d in self.devices if not d.is_rpc] if self.n_gpu_layers else []
+
+    def draft(self, repack: RepackDecision) -> LoadPlacement:
+        """Where a draft file goes: wholly on the local accelerators when the target uses
+        them (a draft must be cheap, so never on RPC workers: a round trip per drafted
+        token), else on the CPU."""
+        local = tuple(d.handle for d in self.draft_devices)
+        if not local:
+            return LoadPlacement(repack.enabled)
+        return LoadPlacement(repack.enabled, n_gpu_layers=_ALL_LAYERS, devices=local)
 
 
 @dataclass

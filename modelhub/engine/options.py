@@ -43,7 +43,8 @@ class EngineConfig:
     otherwise, ``checkpoint`` always checkpoints (for comparisons). ``num_gpu`` layers of the
     target go to the offload devices (``engine.offload``: -1 as many as fit, 0 CPU only),
     split by ``tensor_split`` with ``main_gpu`` first; ``rpc_servers`` (``host:port``) are
-    ggml RPC workers registered as such devices. Draft models stay on the CPU. ``flash_attn``
+    ggml RPC workers registered as such devices. Draft files go wholly to the local
+    accelerators when the target uses them, never to RPC workers. ``flash_attn``
     False turns flash attention off for the target (batched verification is then no longer
     bit-identical to one-token decoding on CPU: greedy drafting may change the output).
     """

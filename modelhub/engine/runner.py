@@ -133,6 +133,7 @@ class Runner:
                 "placement": self.engine.placement.as_json(),
                 "offload": self.engine.offload.reason,
                 "devices": [d.label for d in self.engine.offload.devices],
+                "draft_devices": [d.label for d in self.engine.offload.draft_devices],
             }
         )
 

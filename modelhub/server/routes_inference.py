@@ -344,11 +344,14 @@ async def ps(request: Request) -> Response:
                 loaded.keep_alive if math.isfinite(loaded.keep_alive) else 292 * 365 * 86400
             )
         placement = loaded.info.get("placement") or {}
-        on_devices = int(placement.get("size_device") or 0)  # not in the runner's RSS
+        on_devices = int(placement.get("size_device") or 0)
+        # With layers on devices, what llama.cpp allocated for the target here and there (the
+        # runner's RSS would count mapped pages of offloaded weights and miss the devices).
+        size = int(placement.get("size") or 0) if on_devices else int(loaded.info.get("rss") or 0)
         entry: dict[str, Any] = {
             "name": spec.name,
             "model": spec.name,
-            "size": int(loaded.info.get("rss") or 0) + on_devices,
+            "size": size,
             "digest": spec.digest,
             "details": details,
             "expires_at": datetime.fromtimestamp(expires).astimezone().isoformat(),
@@ -366,6 +369,7 @@ async def ps(request: Request) -> Response:
             entry["draft"] = {
                 "kind": config["draft_kind"],
                 "draft_num_predict": config.get("draft_num_predict"),
+                "devices": list(loaded.info.get("draft_devices") or []),
             }
         models.append(entry)
     return JSONResponse({"models": models})

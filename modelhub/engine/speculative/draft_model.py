@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.engine.llama import LlamaContext, LlamaModel
+from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
 from modelhub.engine.speculative.base import ProbabilityFn, Proposal, pick_draft
 
 log = logging.getLogger("modelhub.engine")
@@ -44,12 +44,12 @@ class DraftModelDrafter:
         n_batch: int,
         n_threads: int,
         p_min: float = 0.0,
-        repack: bool = True,
+        placement: LoadPlacement = ON_CPU,
         model: LlamaModel | None = None,
     ) -> None:
         """``model`` shares weights another drafter loaded (``fork``); it is not closed here."""
         self._owns_model = model is None
-        self.model = model if model is not None else LlamaModel(path, repack=repack)
+        self.model = model if model is not None else LlamaModel(path, placement=placement)
         self._settings = (path, target_vocab, n_ctx, n_batch, n_threads, p_min)
         train = self.model.n_ctx_train
         wanted = min(n_ctx, train) if train > 0 else n_ctx

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
-from modelhub.engine.llama import LlamaContext, LlamaModel
+from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
 from modelhub.engine.speculative.base import Drafter
 from modelhub.engine.speculative.ngram import NgramDrafter, NgramPool
 from modelhub.errors import DraftError
@@ -67,14 +67,15 @@ def make_drafter(
     target: LlamaModel,
     target_ctx: LlamaContext,
     n_threads: int,
-    repack: bool = True,
+    placement: LoadPlacement = ON_CPU,
 ) -> Drafter | None:
     """The configured drafter, or None for ``draft_kind="none"`` / ``draft_num_predict=0``.
-    ``repack`` applies to a draft file's weights as to the target's."""
+    ``placement`` is where a draft file's weights go (the target's repacking; its local
+    devices, never RPC workers)."""
     if cfg.draft_kind == "none" or cfg.draft_num_predict <= 0:
         return None
     if cfg.draft_kind == "draft_model":
-        return _draft_model(cfg, target, n_threads, repack)
+        return _draft_model(cfg, target, n_threads, placement)
     if cfg.draft_kind == "mtp":
         from modelhub.engine.speculative.mtp import MtpDrafter
 
@@ -86,7 +87,7 @@ def make_drafter(
             target_ctx,
             n_threads=n_threads,
             p_min=cfg.draft_p_min,
-            repack=repack,
+            placement=placement,
         )
     if cfg.draft_kind == "ngram":
         return ngram_drafter(target.path)
@@ -109,7 +110,7 @@ def make_drafter(
                 target_ctx,
                 n_threads=n_threads,
                 p_min=cfg.draft_p_min,
-                repack=repack,
+                placement=placement,
             ),
         )
     raise DraftError(
@@ -118,7 +119,9 @@ def make_drafter(
     )
 
 
-def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int, repack: bool) -> Drafter:
+def _draft_model(
+    cfg: EngineConfig, target: LlamaModel, n_threads: int, placement: LoadPlacement
+) -> Drafter:
     from modelhub.engine.speculative.draft_model import DraftModelDrafter
     from modelhub.gguf.info import read_gguf_info
     from modelhub.gguf.pairing import check_draft_pairing
@@ -144,7 +147,7 @@ def _draft_model(cfg: EngineConfig, target: LlamaModel, n_threads: int, repack: 
         n_batch=cfg.n_batch,
         n_threads=n_threads,
         p_min=cfg.draft_p_min,
-        repack=repack,
+        placement=placement,
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.engine.llama import LlamaContext, LlamaModel
+from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
 from modelhub.engine.speculative.layer_api import ExtBatch, LayerApi, features, layer_api
 from modelhub.engine.speculative.mtp import nextn_api
 from modelhub.errors import DraftError
@@ -92,7 +92,7 @@ class LayeredDrafter:
         *,
         n_threads: int,
         p_min: float = 0.0,
-        repack: bool = True,
+        placement: LoadPlacement = ON_CPU,
     ) -> T:
         """The drafter in ``path``, checked against ``target`` before any native code runs."""
         from modelhub.gguf.info import read_gguf_info
@@ -104,7 +104,7 @@ class LayeredDrafter:
         report = cls.check(read_gguf_info(target.path, with_tokens=True), info)
         for warning in report.warnings:
             log.warning("draft %s: %s", path.name, warning)
-        model = LlamaModel(path, repack=repack)
+        model = LlamaModel(path, placement=placement)
         try:
             return cls(model, target_ctx, n_threads=n_threads, p_min=p_min, owns_model=True)
         except BaseException:

@@ -37,7 +37,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.engine.llama import LlamaContext, LlamaModel
+from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
 from modelhub.engine.speculative.base import ProbabilityFn, Proposal, pick_draft
 from modelhub.errors import DraftError
 
@@ -162,7 +162,7 @@ class MtpDrafter:
         *,
         n_threads: int,
         p_min: float = 0.0,
-        repack: bool = True,
+        placement: LoadPlacement = ON_CPU,
     ) -> MtpDrafter:
         """Heads from an MTP-only GGUF (checked against the target before it is loaded)."""
         from modelhub.gguf.info import read_gguf_info
@@ -175,7 +175,7 @@ class MtpDrafter:
         elif not info.is_mtp_only:
             raise DraftError(f"{path.name} is not an MTP-only GGUF (NextN blocks without a trunk)")
         check_draft_pairing(target_info, info, target.path, path)
-        heads = LlamaModel(path, load_mtp=True, repack=repack)
+        heads = LlamaModel(path, load_mtp=True, placement=placement)
         try:
             return cls(heads, target_ctx, n_threads=n_threads, p_min=p_min, owns_heads=True)
         except BaseException:

@@ -1,0 +1,141 @@
+"""Layers on an accelerator: a real GPU where the build has one, else the software lane (a
+llama-cpp-python built with ``-DGGML_VULKAN=on`` on Mesa's lavapipe, which llama.cpp sees once
+``GGML_VK_VISIBLE_DEVICES=0`` is set; .ci/run builds it). Everything goes through the real
+daemon, whose runners see the device. lavapipe runs at a few tokens per second and its kernels
+are not the CPU's, so generations are short and each is compared with the same backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devtools.daemons import Daemon, start_daemon
+from devtools.realmodels import smollm2_q4_1
+from tests.fixtures.synthetic import write_tiny_llama, write_tiny_mtp
+
+# llama.cpp's Vulkan backend skips CPU-type devices (lavapipe) unless they are listed.
+LANE_ENV = {"GGML_VK_VISIBLE_DEVICES": os.environ.get("GGML_VK_VISIBLE_DEVICES", "0")}
+FEW = {"temperature": 0, "num_predict": 6}
+
+
+def _offload_devices() -> list[str]:
+    code = (
+        "import json; from modelhub.engine.devices import list_devices; "
+        "print(json.dumps([d.label for d in list_devices() if d.offloads]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **LANE_ENV},
+        check=False,
+        timeout=120,
+    )
+    return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else []
+
+
+DEVICES = _offload_devices()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not DEVICES,
+        reason="no GPU, and no Vulkan software lane (llama-cpp-python built with "
+        "-DGGML_VULKAN=on and Mesa's lavapipe: .ci/run builds it)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    base = tmp_path_factory.mktemp("gpu")
+    env = {**LANE_ENV, "MODELHUB_NUM_PARALLEL": "1", "MODELHUB_MAX_LOADED_MODELS": "1"}
+    d = start_daemon(base / "models", base / "daemon.log", env)
+    mf = base / "Modelfile"
+    mtp = write_tiny_mtp(base / "tiny-mtp.gguf")
+    tiny = write_tiny_llama(base / "tiny.gguf")
+    tiny_draft = write_tiny_llama(base / "tiny-draft.gguf", seed=1)
+    for name, text in (
+        ("gpu", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\n"),
+        ("cpu", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\nPARAMETER num_gpu 0\n"),
+        ("gpu-ngram", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\nDRAFT ngram\n"),
+        ("mtp", f"FROM {mtp}\nPARAMETER num_ctx 256\n"),
+        ("mtp-drafting", f"FROM {mtp}\nPARAMETER num_ctx 256\nDRAFT mtp\n"),
+        ("tiny", f"FROM {tiny}\nPARAMETER num_ctx 256\n"),
+        ("tiny-drafting", f"FROM {tiny}\nPARAMETER num_ctx 256\nDRAFT {tiny_draft}\n"),
+    ):
+        mf.write_text(text)
+        r = d.cli("create", name, "-f", str(mf))
+        assert r.returncode == 0, r.stderr
+    yield d
+    d.stop()
+
+
+def _generate(c: httpx.Client, model: str, prompt: str, **extra: object) -> dict:
+    body = {"model": model, "prompt": prompt, "stream": False, "options": FEW, **extra}
+    r = c.post("/api/generate", json=body, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _ps(c: httpx.Client, name: str) -> dict:
+    return next(m for m in c.get("/api/ps").json()["models"] if m["name"] == f"{name}:latest")
+
+
+def test_every_layer_is_offloaded_and_reported(daemon: Daemon) -> None:
+    with daemon.client() as c:
+        assert _generate(c, "gpu", "The sky is")["eval_count"] > 0
+        entry = _ps(c, "gpu")
+        assert entry["devices"] == DEVICES, entry
+        assert entry["layers_offloaded"] == 31, entry  # 30 blocks and the output layer
+        assert 0 < entry["size_vram"] <= entry["size"], entry
+        ps = daemon.cli("ps")
+        assert "GPU" in ps.stdout, ps.stdout
+        assert _generate(c, "cpu", "The sky is")["eval_count"] > 0
+        entry = _ps(c, "cpu")
+        assert entry["size_vram"] == 0 and entry["layers_offloaded"] == 0, entry
+        assert "100% CPU" in daemon.cli("ps").stdout
+
+
+def test_drafting_on_the_device_keeps_its_greedy_output(daemon: Daemon) -> None:
+    """Same backend, with and without drafting: n-grams on SmolLM2, the MTP head (which goes to
+    the device with the target's layers) on the tiny MTP fixture."""
+    text = "apples, pears, plums, apples, pears, plums, apples, pears,"
+    with daemon.client() as c:
+        plain = _generate(c, "gpu", text, options={**FEW, "draft_num_predict": 0})
+        c.post("/api/generate", json={"model": "gpu", "keep_alive": 0})
+        drafted = _generate(c, "gpu-ngram", text)
+        assert drafted["response"] == plain["response"]
+        assert drafted.get("draft_count", 0) > 0, drafted
+        c.post("/api/generate", json={"model": "gpu-ngram", "keep_alive": 0})
+        raw = {"raw": True, "options": {"temperature": 0, "num_predict": 12}}
+        want = _generate(c, "mtp", "hello world the model", **raw)
+        c.post("/api/generate", json={"model": "mtp", "keep_alive": 0})
+        got = _generate(c, "mtp-drafting", "hello world the model", **raw)
+        assert got["response"] == want["response"]
+        assert got.get("draft_count", 0) > 0, got
+        assert _ps(c, "mtp-drafting")["layers_offloaded"] > 0
+        c.post("/api/generate", json={"model": "mtp-drafting", "keep_alive": 0})
+        want = _generate(c, "tiny", "hello world the model", **raw)
+        c.post("/api/generate", json={"model": "tiny", "keep_alive": 0})
+        got = _generate(c, "tiny-drafting", "hello world the model", **raw)
+        assert got["response"] == want["response"]
+        assert got.get("draft_count", 0) > 0, got
+        entry = _ps(c, "tiny-drafting")
+        assert entry["draft"]["devices"] == [d for d in DEVICES if not d.startswith("RPC")]
+
+
+def test_info_lists_the_device(daemon: Daemon, tmp_path: Path) -> None:
+    with daemon.client() as c:
+        system = c.get("/api/info").json()["system"]
+    assert system["gpu_offload"] is True
+    names = [d["name"] for d in system["devices"]]
+    assert all(name in names for name in DEVICES), (names, DEVICES)
