@@ -109,14 +109,14 @@ def test_drafting_on_the_device_keeps_its_greedy_output(daemon: Daemon) -> None:
     """Same backend, with and without drafting: n-grams on SmolLM2, the MTP head (which goes to
     the device with the target's layers) on the tiny MTP fixture."""
     text = "apples, pears, plums, apples, pears, plums, apples, pears,"
+    raw = {"raw": True, "options": {"temperature": 0, "num_predict": 12}}
     with daemon.client() as c:
-        plain = _generate(c, "gpu", text, options={**FEW, "draft_num_predict": 0})
+        plain = _generate(c, "gpu", text, **raw)
         c.post("/api/generate", json={"model": "gpu", "keep_alive": 0})
-        drafted = _generate(c, "gpu-ngram", text)
+        drafted = _generate(c, "gpu-ngram", text, **raw)
         assert drafted["response"] == plain["response"]
         assert drafted.get("draft_count", 0) > 0, drafted
         c.post("/api/generate", json={"model": "gpu-ngram", "keep_alive": 0})
-        raw = {"raw": True, "options": {"temperature": 0, "num_predict": 12}}
         want = _generate(c, "mtp", "hello world the model", **raw)
         c.post("/api/generate", json={"model": "mtp", "keep_alive": 0})
         got = _generate(c, "mtp-drafting", "hello world the model", **raw)

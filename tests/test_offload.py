@@ -113,6 +113,8 @@ def test_draft_files_go_to_local_accelerators_only() -> None:
     both = Offload(31, [cuda, rpc], "automatic")
     assert both.draft(repack) == LoadPlacement(True, n_gpu_layers=999, devices=(11,))
     assert [d.label for d in both.draft_devices] == ["CUDA0"]
-    assert Offload(31, [rpc], "automatic").draft(repack) == LoadPlacement(True)  # RPC only
-    assert Offload(0, [], "num_gpu 0").draft(RepackDecision(False, "x")) == LoadPlacement(False)
+    on_cpu = LoadPlacement(True, cpu_only=True)
+    assert Offload(31, [rpc], "automatic").draft(repack) == on_cpu  # RPC workers only
+    no_repack = LoadPlacement(False, cpu_only=True)
+    assert Offload(0, [], "num_gpu 0").draft(RepackDecision(False, "x")) == no_repack
     assert rpc.label == "RPC0[10.0.0.2:50052]" and cuda.label == "CUDA0"

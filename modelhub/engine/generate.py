@@ -109,6 +109,7 @@ class Engine:
                 self.offload.n_gpu_layers,
                 cfg.main_gpu,
                 tuple(cfg.tensor_split),
+                cpu_only=self.offload.n_gpu_layers == 0,
             ),
         )
         train = self.model.n_ctx_train

@@ -127,16 +127,19 @@ class LoadPlacement:
     fault on them. ``n_gpu_layers`` layers go to the offload devices (GPUs, RPC workers; more
     than the model has: all of it, the output layer too): ``devices`` (ggml device handles;
     empty: every offload device), split in the proportions of ``tensor_split`` (empty: by
-    their free memory); ``main_gpu`` holds what is not split."""
+    their free memory); ``main_gpu`` holds what is not split. ``cpu_only`` gives the model no
+    device at all (with devices but no layers on them, llama.cpp would still run large
+    batches there and keep buffers there)."""
 
     repack: bool = True
     n_gpu_layers: int = 0
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
     devices: tuple[int, ...] = ()
+    cpu_only: bool = False
 
 
-ON_CPU = LoadPlacement()
+ON_CPU = LoadPlacement(cpu_only=True)
 
 
 class LlamaModel:
@@ -168,8 +171,9 @@ class LlamaModel:
                 )
             self._split = (ctypes.c_float * n)(*placement.tensor_split)
             params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
-        if placement.devices:  # NULL-terminated
-            self._devices = (ctypes.c_void_p * (len(placement.devices) + 1))(*placement.devices)
+        if placement.devices or placement.cpu_only:  # NULL-terminated; just NULL: none
+            chosen = () if placement.cpu_only else placement.devices
+            self._devices = (ctypes.c_void_p * (len(chosen) + 1))(*chosen)
             params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         _recent_messages.clear()
         handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)

@@ -43,7 +43,7 @@ class Offload:
         token), else on the CPU."""
         local = tuple(d.handle for d in self.draft_devices)
         if not local:
-            return LoadPlacement(repack.enabled)
+            return LoadPlacement(repack.enabled, cpu_only=True)
         return LoadPlacement(repack.enabled, n_gpu_layers=_ALL_LAYERS, devices=local)
 
 
@@ -56,8 +56,9 @@ class Placement:
 
     @property
     def device_bytes(self) -> int:
-        """Bytes on offload devices (everything not in a CPU buffer)."""
-        return sum(n for name, n in self.by_buffer.items() if not name.startswith("CPU"))
+        """Bytes on offload devices: not in CPU buffers, nor in a backend's pinned host
+        memory (``CUDA_Host``, ``Vulkan_Host``)."""
+        return sum(n for name, n in self.by_buffer.items() if not _on_host(name))
 
     @property
     def total_bytes(self) -> int:
@@ -71,6 +72,10 @@ class Placement:
             "size_device": self.device_bytes,
             "size": self.total_bytes,
         }
+
+
+def _on_host(buffer: str) -> bool:
+    return buffer.startswith("CPU") or buffer.endswith("_Host")
 
 
 def placement() -> Placement:
