@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -105,35 +104,34 @@ def test_every_layer_is_offloaded_and_reported(daemon: Daemon) -> None:
         assert "100% CPU" in daemon.cli("ps").stdout
 
 
+def _drafted_like_plain(c: httpx.Client, plain: str, drafting: str, prompt: str) -> None:
+    """``drafting`` gives ``plain``'s greedy text, with drafts; each model is unloaded after
+    its request (one fits at a time on the lane's device)."""
+    raw = {"raw": True, "options": {"temperature": 0, "num_predict": 12}}
+    want = _generate(c, plain, prompt, **raw)
+    c.post("/api/generate", json={"model": plain, "keep_alive": 0})
+    got = _generate(c, drafting, prompt, **raw)
+    assert got["response"] == want["response"], (drafting, got, want)
+    assert got.get("draft_count", 0) > 0, got
+
+
 def test_drafting_on_the_device_keeps_its_greedy_output(daemon: Daemon) -> None:
     """Same backend, with and without drafting: n-grams on SmolLM2, the MTP head (which goes to
-    the device with the target's layers) on the tiny MTP fixture."""
-    text = "apples, pears, plums, apples, pears, plums, apples, pears,"
-    raw = {"raw": True, "options": {"temperature": 0, "num_predict": 12}}
+    the device with the target's layers) on the tiny MTP fixture, a draft model (which goes to
+    the device too) on the tiny llama."""
     with daemon.client() as c:
-        plain = _generate(c, "gpu", text, **raw)
-        c.post("/api/generate", json={"model": "gpu", "keep_alive": 0})
-        drafted = _generate(c, "gpu-ngram", text, **raw)
-        assert drafted["response"] == plain["response"]
-        assert drafted.get("draft_count", 0) > 0, drafted
+        copy = "apples, pears, plums, apples, pears, plums, apples, pears,"
+        _drafted_like_plain(c, "gpu", "gpu-ngram", copy)
         c.post("/api/generate", json={"model": "gpu-ngram", "keep_alive": 0})
-        want = _generate(c, "mtp", "hello world the model", **raw)
-        c.post("/api/generate", json={"model": "mtp", "keep_alive": 0})
-        got = _generate(c, "mtp-drafting", "hello world the model", **raw)
-        assert got["response"] == want["response"]
-        assert got.get("draft_count", 0) > 0, got
+        _drafted_like_plain(c, "mtp", "mtp-drafting", "hello world the model")
         assert _ps(c, "mtp-drafting")["layers_offloaded"] > 0
         c.post("/api/generate", json={"model": "mtp-drafting", "keep_alive": 0})
-        want = _generate(c, "tiny", "hello world the model", **raw)
-        c.post("/api/generate", json={"model": "tiny", "keep_alive": 0})
-        got = _generate(c, "tiny-drafting", "hello world the model", **raw)
-        assert got["response"] == want["response"]
-        assert got.get("draft_count", 0) > 0, got
+        _drafted_like_plain(c, "tiny", "tiny-drafting", "hello world the model")
         entry = _ps(c, "tiny-drafting")
         assert entry["draft"]["devices"] == [d for d in DEVICES if not d.startswith("RPC")]
 
 
-def test_info_lists_the_device(daemon: Daemon, tmp_path: Path) -> None:
+def test_info_lists_the_device(daemon: Daemon) -> None:
     with daemon.client() as c:
         system = c.get("/api/info").json()["system"]
     assert system["gpu_offload"] is True
