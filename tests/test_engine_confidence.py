@@ -115,9 +115,9 @@ def test_a_slow_wide_verify_is_measured_again() -> None:
     ctl = _measured({1: 1.0, **{n: 20 * v for n, v in COSTS.items() if n > 1}})
     confident = [0.99] * 16
     assert ctl.cut(confident) == 0  # believed: drafting looks like a loss
-    cuts = _run_rated(ctl, confident, 60)
+    cuts = _run_rated(ctl, confident, 120)
     first = next(i for i, k in enumerate(cuts) if k)
-    assert first < 10, cuts  # a probe came soon
+    assert first <= 40, cuts  # a probe came within a request's worth of tokens
     assert all(k == 16 for k in cuts[-20:]), cuts  # and drafting stays on once re-measured
 
 
@@ -129,4 +129,4 @@ def test_probes_back_off_when_the_wide_verify_really_is_slow() -> None:
         cuts.append(k)
         ctl.record(16, k, k, 0.0, 20 * _true_cost(k + 1) if k else 1.0)
     probes = sum(1 for k in cuts if k)
-    assert 1 <= probes <= 10, probes  # 4, 8, 16, ... rounds apart: a few percent at most
+    assert 1 <= probes <= 6, probes  # 32, 64, 128, ... rounds apart: a few percent at most

@@ -44,6 +44,10 @@ _EXPLORE_EVERY = 8
 _MIN_EVIDENCE = 4
 # Weight of a verify time below the running estimate (see _Ewma.down_alpha).
 _DOWN_ALPHA = 0.6
+# A rated drafter's guesses that measured costs rule out are verified anyway after this many
+# rounds without drafts (then twice as many, ...): rarely enough that a text the drafter
+# cannot predict loses little, often enough that one slow measurement does not stick.
+_RATED_PROBE_AFTER = 32
 
 
 @dataclass
@@ -91,7 +95,7 @@ class AdaptiveDraftLength:
         self._max_probe = max_probe_interval
         self._plain_rounds = 0  # consecutive rounds without drafting
         self._undrafted = 0  # consecutive rounds that verified no draft (rated drafters too)
-        self._rated_backoff = min_probe_interval  # rounds before cut() probes again
+        self._rated_backoff = _RATED_PROBE_AFTER  # rounds without drafts before cut() probes
         self._rounds = 0
         self._last_requested = -1  # K of the previous round (-1: none yet)
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
@@ -108,16 +112,16 @@ class AdaptiveDraftLength:
     def verify_cost(self, rows: int) -> float | None:
         """Estimated seconds to verify ``rows`` rows (None until anything was measured).
 
-        Never more than the estimate for more rows: more rows cannot be cheaper, and timing
-        noise on a shared CPU only ever slows a round, so where two measurements disagree the
-        faster one is believed (a stale slow one is not re-measured when it rules drafting out)."""
+        Never less than the estimate for fewer rows: more rows cannot be cheaper, and noisy
+        measurements must not make a wider batch look free (for rated drafters ``record``
+        also keeps the estimates in order, the freshest measurement winning)."""
         known = sorted((n, e.value) for n, e in self._verify.items() if e.value is not None)
         if not known:
             return None
-        running = math.inf
-        for i in range(len(known) - 1, -1, -1):
-            running = min(running, known[i][1])
-            known[i] = (known[i][0], running)
+        running = 0.0
+        for i, (n, value) in enumerate(known):
+            running = max(running, value)
+            known[i] = (n, running)
         for n, value in known:
             if n == rows:
                 return value
@@ -174,12 +178,12 @@ class AdaptiveDraftLength:
             return len(confidence)  # nothing measured yet: this round measures a wide verify
         best_k = self._best_prefix(confidence, plain, self.verify_cost)
         if best_k > 0:
-            self._rated_backoff = self._min_probe
+            self._rated_backoff = _RATED_PROBE_AFTER
         else:
             # A wide verify's cost is only measured again when one runs: one slow round
             # (another process took the core) would otherwise rule drafting out for good. So
-            # now and then verify the prefix that would pay at the prior cost curve, waiting
-            # twice as long after each probe that did not bring drafting back.
+            # after a long dry spell verify the prefix that would pay at the prior cost curve,
+            # waiting twice as long after each probe that did not bring drafting back.
             probe = self._best_prefix(confidence, plain, self._prior_verify_cost)
             if probe and self._undrafted >= self._rated_backoff:
                 best_k = probe
@@ -268,8 +272,19 @@ class AdaptiveDraftLength:
         drafting: part of what a probe costs); ``verify_seconds`` the time to decode and check
         ``proposed + 1`` rows."""
         rows = proposed + 1
-        cost = self._verify.setdefault(rows, _Ewma(self._cost_alpha, down_alpha=_DOWN_ALPHA))
+        cost = self._verify.setdefault(rows, _Ewma(self._cost_alpha))
+        if self._rated:
+            # A rated drafter's cut() verifies only the widths it believes pay, so a slow
+            # round must not stick: a faster time is believed sooner, and an older estimate
+            # that contradicts this one (fewer rows dearer, more rows cheaper) is stale.
+            cost.down_alpha = _DOWN_ALPHA
         cost.add(max(verify_seconds, 1e-9))
+        fresh = cost.value or 0.0
+        for n, other in self._verify.items() if self._rated else ():
+            if other.value is not None and (
+                (n < rows and other.value > fresh) or (n > rows and other.value < fresh)
+            ):
+                other.value = fresh
         # In a run of drafting rounds the drafter catches up on one or two tokens per round
         # (the pending token, the bonus): a cost of every round, so part of the draft cost.
         # After plain rounds the catch-up covers all of them: that is what a probe costs.
