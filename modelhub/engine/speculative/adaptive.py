@@ -278,6 +278,8 @@ class AdaptiveDraftLength:
             # round must not stick: a faster time is believed sooner, and an older estimate
             # that contradicts this one (fewer rows dearer, more rows cheaper) is stale.
             cost.down_alpha = _DOWN_ALPHA
+            if cost.value is not None and verify_seconds < cost.value / 2:
+                cost.value = None  # half the estimate: that was an outlier, start again
         cost.add(max(verify_seconds, 1e-9))
         fresh = cost.value or 0.0
         for n, other in self._verify.items() if self._rated else ():
