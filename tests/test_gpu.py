@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -137,3 +138,36 @@ def test_info_lists_the_device(daemon: Daemon) -> None:
     assert system["gpu_offload"] is True
     names = [d["name"] for d in system["devices"]]
     assert all(name in names for name in DEVICES), (names, DEVICES)
+
+
+def test_partial_offload_and_host_memory_planning(tmp_path: Path) -> None:
+    """num_gpu 10 puts 10 layers on the device (ps shows the split); with MODELHUB_MEMORY_LIMIT
+    below the weights, the model is refused on the CPU before loading and served when its
+    layers go to the device (only what stays here counts)."""
+    env = {**LANE_ENV, "MODELHUB_NUM_PARALLEL": "1", "MODELHUB_MEMORY_LIMIT": "64MiB"}
+    d = start_daemon(tmp_path / "models", tmp_path / "daemon.log", env)
+    try:
+        mf = tmp_path / "Modelfile"
+        for name, extra in (
+            ("auto", ""),
+            ("ten", "PARAMETER num_gpu 10\n"),
+            ("cpu", "PARAMETER num_gpu 0\n"),
+        ):
+            mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\n{extra}")
+            assert d.cli("create", name, "-f", str(mf)).returncode == 0
+        body = {"prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
+        with d.client() as c:
+            refused = c.post("/api/generate", json={**body, "model": "cpu"}, timeout=600)
+            assert refused.status_code == 500, refused.text
+            assert "requires more system memory" in refused.json()["error"]
+            assert _generate(c, "auto", "Hi")["eval_count"] > 0
+            assert _ps(c, "auto")["size_vram"] > 64 << 20
+            c.post("/api/generate", json={"model": "auto", "keep_alive": 0})
+            # named layers are not refused before loading either: llama.cpp places them
+            assert _generate(c, "ten", "Hi")["eval_count"] > 0
+            entry = _ps(c, "ten")
+        assert entry["layers_offloaded"] == 10, entry
+        assert 0 < entry["size_vram"] < entry["size"], entry
+        assert "CPU/GPU" in d.cli("ps").stdout
+    finally:
+        d.stop()

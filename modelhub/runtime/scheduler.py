@@ -25,7 +25,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +126,7 @@ class Scheduler:
         flash_attention: bool = True,
         num_gpu: int = -1,
         rpc_servers: tuple[str, ...] = (),
+        accelerator_probe: Callable[[], Awaitable[bool]] | None = None,
         runner_factory: Callable[[str], RunnerProcess] = RunnerProcess,
     ) -> None:
         """``runner_factory(label)`` makes the handle of a runner before it starts (tests use
@@ -142,6 +143,9 @@ class Scheduler:
         self.flash_attention = flash_attention
         self.num_gpu = num_gpu  # for specs that do not say (-1: as many layers as fit)
         self.rpc_servers = list(rpc_servers)  # for specs that do not name their own
+        # Whether llama.cpp sees a GPU here, asked once before the first load that needs it.
+        self._accelerator_probe = accelerator_probe
+        self._accelerator: bool | None = None if accelerator_probe is not None else False
         self.runners: dict[tuple[str, Any], Loaded] = {}
         self._load_lock = asyncio.Lock()
         self._changed = asyncio.Condition()
@@ -189,7 +193,7 @@ class Scheduler:
                 # A model that may go to RPC workers or to named GPU layers is not planned
                 # here: how much of it stays in this machine's memory is known only once
                 # llama.cpp has placed it (then counted, see _load).
-                here = MemoryEstimate() if self._may_offload(spec) else memory
+                here = MemoryEstimate() if await self._may_offload(spec) else memory
                 self._check_fits(here)  # refuse before unloading anything for it
                 await self._replace_same_model(spec)
                 await self._make_room(spec.name, here)
@@ -204,11 +208,19 @@ class Scheduler:
             loaded.expires_at = FOREVER
             return loaded
 
-    def _may_offload(self, spec: LoadSpec) -> bool:
+    async def _may_offload(self, spec: LoadSpec) -> bool:
+        """Whether some of ``spec`` may go to RPC workers or a GPU (then how much stays in
+        this machine's memory is known only once llama.cpp has placed it)."""
         config = dict(spec.config)
         num_gpu = int(config.get("num_gpu", self.num_gpu))
         servers = config.get("rpc_servers", self.rpc_servers)
-        return num_gpu != 0 and (bool(servers) or num_gpu > 0)
+        if num_gpu == 0:
+            return False
+        if servers or num_gpu > 0:
+            return True
+        if self._accelerator is None and self._accelerator_probe is not None:
+            self._accelerator = await self._accelerator_probe()
+        return bool(self._accelerator)
 
     def _needs(self, spec: LoadSpec) -> tuple[MemoryEstimate, int]:
         """The memory ``spec`` needs and its number of sequences (automatic: 4 if that fits

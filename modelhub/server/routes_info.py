@@ -2,51 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sys
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from modelhub import __version__
 from modelhub.server.state import get_state
+from modelhub.server.system import system_info
 
 router = APIRouter()
-
-_cached: dict[str, Any] | None = None
-
-
-async def _system_info() -> dict[str, Any]:
-    """llama.cpp's view of this machine, asked of a child process once per daemon."""
-    global _cached
-    if _cached is None:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "modelhub.engine.sysinfo",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return {"error": "asking llama.cpp about this machine took longer than 60 s"}
-        if proc.returncode != 0:
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-            return {"error": f"llama.cpp could not describe this machine ({tail[0]})"}
-        _cached = json.loads(out)
-    return _cached
 
 
 @router.get("/api/info")
 async def info(request: Request) -> Response:
     state = get_state(request)
     sched = state.scheduler
-    system = await _system_info()
+    system = await system_info()
     setting = state.settings.repack
     repack = sched.repack if sched.repack is not None else system.get("repack_default", True)
     if sched.repack_fallback:

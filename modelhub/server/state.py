@@ -12,6 +12,7 @@ from modelhub.config import Settings
 from modelhub.library.views import ModelViews
 from modelhub.runtime.scheduler import Scheduler
 from modelhub.server.metrics import Metrics
+from modelhub.server.system import has_local_accelerator
 from modelhub.store import ModelName, Store
 
 
@@ -39,6 +40,7 @@ class ServerState:
             flash_attention=settings.flash_attention,
             num_gpu=settings.num_gpu,
             rpc_servers=settings.rpc_servers,
+            accelerator_probe=has_local_accelerator,
         )
         return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 
