@@ -97,6 +97,9 @@ def test_every_layer_is_offloaded_and_reported(daemon: Daemon) -> None:
         assert entry["devices"] == DEVICES, entry
         assert entry["layers_offloaded"] == 31, entry  # 30 blocks and the output layer
         assert 0 < entry["size_vram"] <= entry["size"], entry
+        runtime = c.post("/api/show", json={"model": "gpu"}).json()["runtime"]
+        assert runtime["devices"] == DEVICES and runtime["layers_offloaded"] == 31, runtime
+        assert "automatic: 30/30 layers fit" in runtime["offload"], runtime
         ps = daemon.cli("ps")
         assert "GPU" in ps.stdout, ps.stdout
         assert _generate(c, "cpu", "The sky is")["eval_count"] > 0

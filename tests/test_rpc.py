@@ -120,6 +120,9 @@ def test_split_model_matches_the_local_run(daemon: Daemon, workers: list[Worker]
     names = entry["devices"]
     assert names == [f"RPC{i}[{w.endpoint}]" for i, w in enumerate(workers)], names
     assert entry["layers_offloaded"] > 0, entry
+    with daemon.client() as c:
+        runtime = c.post("/api/show", json={"model": "split"}).json()["runtime"]
+    assert runtime["devices"] == names and runtime["draft_devices"] == [], runtime
     assert 0 < entry["size_vram"] <= entry["size"], entry
     out = daemon.cli("ps")
     assert out.returncode == 0 and "GPU" in out.stdout, out.stdout

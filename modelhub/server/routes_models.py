@@ -139,7 +139,19 @@ async def show(request: Request) -> Response:
     verbose = field(data, "verbose", bool, False)
     system = field(data, "system", str, "")
     options = field(data, "options", dict, {})
-    return JSONResponse(show_payload(view, verbose, system or None, options))
+    payload = show_payload(view, verbose, system or None, options)
+    for loaded in state.scheduler.snapshot():  # loaded now: where llama.cpp placed it
+        if loaded.spec.digest == view.stored.digest:
+            placement = loaded.info.get("placement") or {}
+            payload["runtime"] = {
+                "offload": loaded.info.get("offload", ""),
+                "devices": list(loaded.info.get("devices") or []),
+                "layers_offloaded": int(placement.get("layers_offloaded") or 0),
+                "size_vram": int(placement.get("size_device") or 0),
+                "draft_devices": list(loaded.info.get("draft_devices") or []),
+            }
+            break
+    return JSONResponse(payload)
 
 
 @router.delete("/api/delete", openapi_extra=schemas.DELETE)
