@@ -94,6 +94,7 @@ def daemon(workers: list[Worker], tmp_path_factory: pytest.TempPathFactory) -> I
         ("split", ""),
         ("local", "PARAMETER num_gpu 0\n"),
         ("split-ngram", "DRAFT ngram\n"),
+        ("split-partial", "PARAMETER num_gpu 20\n"),
     ):
         mf.write_text(f"FROM {weights}\nPARAMETER num_ctx 512\n{extra}")
         r = d.cli("create", name, "-f", str(mf))
@@ -126,6 +127,13 @@ def test_split_model_matches_the_local_run(daemon: Daemon, workers: list[Worker]
     assert 0 < entry["size_vram"] <= entry["size"], entry
     out = daemon.cli("ps")
     assert out.returncode == 0 and "GPU" in out.stdout, out.stdout
+    with daemon.client() as c:  # 20 layers on the workers, the other 10 here
+        partial = _generate(c, "split-partial", "Why is the sky blue?")
+        entry = next(
+            m for m in c.get("/api/ps").json()["models"] if m["name"] == "split-partial:latest"
+        )
+    assert partial["response"] == local["response"]
+    assert entry["layers_offloaded"] == 20 and 0 < entry["size_vram"] < entry["size"], entry
     info = daemon.cli("info")
     assert info.returncode == 0, info.stderr
     assert "RPC:" in info.stdout and "compiled in" in info.stdout, info.stdout
