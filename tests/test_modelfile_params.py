@@ -50,7 +50,7 @@ def test_parameter_types_cover_ollama_and_draft_knobs() -> None:
         "draft_p_min",
     }
     expected: dict[str, type] = {name: int for name in ints} | {name: float for name in floats}
-    expected |= {"use_mmap": bool, "stop": list, "rpc_servers": list}
+    expected |= {"use_mmap": bool, "draft_adaptive": bool, "stop": list, "rpc_servers": list}
     assert expected == PARAMETER_TYPES
     assert not DEPRECATED_PARAMETERS & PARAMETER_TYPES.keys()
     assert {"mirostat", "penalize_newline", "use_mlock"} <= DEPRECATED_PARAMETERS
@@ -75,6 +75,7 @@ def test_parameter_types_cover_ollama_and_draft_knobs() -> None:
         ("use_mmap", "f", False),
         ("stop", "<|im_end|>", "<|im_end|>"),
         ("draft_p_min", "0.75", 0.75),
+        ("draft_adaptive", "false", False),
     ],
 )
 def test_parse_parameter_types(name: str, text: str, value: object) -> None:
@@ -104,6 +105,7 @@ def test_parse_parameter_accepts_go_float_specials() -> None:
         ("temperature", "0,5", "invalid float value [0,5]"),
         ("use_mmap", "yes", "invalid bool value [yes]"),
         ("use_mmap", "tRUE", "invalid bool value [tRUE]"),
+        ("draft_adaptive", "off", "invalid bool value [off]"),
         ("Temperature", "0.1", "unknown parameter 'Temperature'"),
         ("numa", "true", "unknown parameter 'numa'"),
         ("", "temperature 0.5", "unknown parameter ''"),
@@ -129,6 +131,7 @@ def test_parameters_accumulate_stop_and_keep_last_value() -> None:
         "PARAMETER draft_num_predict 6\n"
         "PARAMETER draft_min 2\n"
         "PARAMETER draft_p_min 0.6\n"
+        "PARAMETER draft_adaptive false\n"
         "SYSTEM not a parameter\n"
     )
     assert parameters == {
@@ -139,6 +142,7 @@ def test_parameters_accumulate_stop_and_keep_last_value() -> None:
         "draft_num_predict": 6,
         "draft_min": 2,
         "draft_p_min": 0.6,
+        "draft_adaptive": False,
     }
     assert warnings == []
 

@@ -111,6 +111,37 @@ def test_ngram_draft_is_lossless_and_counted(served: Daemon) -> None:
     assert entry["draft"]["kind"] == "ngram"
 
 
+def test_fixed_draft_length_drafts_from_the_first_request(served: Daemon, tmp_path: Path) -> None:
+    """``PARAMETER draft_adaptive false`` drafts whenever the drafter has guesses, as
+    llama.cpp's fixed draft lengths do: no measured costs can talk it out of it."""
+    mf = tmp_path / "Modelfile"
+    mf.write_text(
+        "FROM smol\nDRAFT ngram\nPARAMETER draft_num_predict 6\nPARAMETER draft_adaptive false\n"
+    )
+    r = served.cli("create", "smol-ngram-fixed", "-f", str(mf))
+    assert r.returncode == 0, r.stderr
+    prompt = "Repeat this list exactly: red, green, blue, red, green, blue, red, green, blue."
+    opts = {"temperature": 0, "num_predict": 32}
+    with served.client() as c:
+        show = c.post("/api/show", json={"model": "smol-ngram-fixed"}).json()
+        assert show["draft"]["draft_adaptive"] is False
+        plain, fixed = (
+            c.post(
+                "/api/generate",
+                json={"model": name, "prompt": prompt, "options": opts, "stream": False},
+            ).json()
+            for name in ("smol", "smol-ngram-fixed")
+        )
+        bad = c.post(
+            "/api/generate",
+            json={"model": "smol", "prompt": "hi", "options": {"draft_adaptive": "no"}},
+        )
+    assert fixed["response"] == plain["response"]
+    assert fixed["draft_count"] >= fixed["draft_accepted_count"] > 0, fixed
+    assert bad.status_code == 400 and "draft_adaptive" in bad.json()["error"], bad.text
+    assert "draft_adaptive" in served.cli("show", "smol-ngram-fixed").stdout
+
+
 def test_chat_with_ollama_client(served: Daemon) -> None:
     client = ollama.Client(host=served.url)
     parts = list(

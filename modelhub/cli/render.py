@@ -205,6 +205,7 @@ _DRAFT_LABELS = {
     "draft_num_predict": "draft_num_predict",
     "draft_min": "draft_min",
     "draft_p_min": "draft_p_min",
+    "draft_adaptive": "draft_adaptive",
 }
 _DRAFT_HIDDEN = frozenset({"model_format", "digest"})
 

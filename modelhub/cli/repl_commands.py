@@ -87,6 +87,7 @@ Available parameters:
   /set parameter stop <string> ...        Stop at any of these strings
   /set parameter draft_num_predict <int>  Longest draft per step (0: no drafting)
   /set parameter draft_p_min <float>      Stop a draft below this confidence
+  /set parameter draft_adaptive <bool>    false: always draft draft_num_predict tokens
 """
 
 _HELP_TOPICS = {"": HELP, "set": HELP_SET, "show": HELP_SHOW, "shortcuts": HELP_SHORTCUTS}

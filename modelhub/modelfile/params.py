@@ -28,10 +28,11 @@ PARAMETER_TYPES: dict[str, type] = {
     "num_thread": int,
     "num_parallel": int,
     "rpc_servers": list,  # ggml RPC workers (host:port), this project's extension
-    # speculative decoding; draft_min and draft_p_min are this project's extension
+    # speculative decoding; draft_min, draft_p_min, draft_adaptive are this project's extension
     "draft_num_predict": int,
     "draft_min": int,
     "draft_p_min": float,
+    "draft_adaptive": bool,
     # per-request sampling options
     "num_keep": int,
     "seed": int,

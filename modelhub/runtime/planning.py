@@ -38,6 +38,7 @@ LOAD_KEYS = (
     "rpc_servers",
     "draft_min",
     "draft_p_min",
+    "draft_adaptive",
 )
 IGNORED_LOAD_KEYS = ("use_mmap",)  # llama.cpp maps the file whenever it can
 RUNTIME_KEYS = (
@@ -154,6 +155,8 @@ def plan(
             config[key] = int(opts[key])
     if opts.get("rpc_servers"):
         config["rpc_servers"] = split_endpoints(opts["rpc_servers"])
+    if opts.get("draft_adaptive") is False:  # always draft_num_predict guesses, as llama.cpp
+        config["adaptive"] = False
     if embedding:
         config["n_parallel"] = 1  # embeddings use a context of their own
     if view.adapter_paths:

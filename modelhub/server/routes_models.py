@@ -125,7 +125,7 @@ def _draft_summary(view: ModelView, params: dict[str, Any]) -> dict[str, Any]:
         draft["digest"] = view.draft_layer.digest
         draft["from"] = view.draft_layer.from_ or ""
         draft["size"] = view.draft_layer.size
-    for key in ("draft_num_predict", "draft_min", "draft_p_min"):
+    for key in ("draft_num_predict", "draft_min", "draft_p_min", "draft_adaptive"):
         if key in params:
             draft[key] = params[key]
     return draft
