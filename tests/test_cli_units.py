@@ -245,6 +245,29 @@ def test_show_summary_falls_back_to_details_and_verbose_adds_metadata() -> None:
     assert "[t0, t1, t2, t3, t4, ... (262144 items)]" in text and len(text) < 2000
 
 
+def test_show_summary_says_where_a_loaded_model_runs() -> None:
+    runtime = {
+        "offload": "2 layers did not fit",
+        "devices": ["Vulkan0"],
+        "layers_offloaded": 28,
+        "size_vram": 90_000_000,
+        "draft_devices": ["Vulkan0"],
+    }
+    text = render.show_summary({**SHOW_PAYLOAD, "runtime": runtime})
+    loaded = text.split("  Loaded\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [row.split("  ", 3)[2] for row in loaded] == [
+        "devices",
+        "layers offloaded",
+        "device memory",
+        "draft devices",
+        "offload",
+    ]
+    assert loaded[1].endswith(" 28") and "90 MB" in loaded[2] and loaded[4].endswith("did not fit")
+    on_cpu = render.show_summary({**SHOW_PAYLOAD, "runtime": {"devices": [], "offload": ""}})
+    assert "  Loaded\n    devices    CPU\n" in on_cpu
+    assert "Loaded" not in render.show_summary(SHOW_PAYLOAD)  # not loaded: no section
+
+
 # -- create requests from Modelfiles -----------------------------------------------------------
 
 

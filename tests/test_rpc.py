@@ -127,6 +127,8 @@ def test_split_model_matches_the_local_run(daemon: Daemon, workers: list[Worker]
     assert 0 < entry["size_vram"] <= entry["size"], entry
     out = daemon.cli("ps")
     assert out.returncode == 0 and "GPU" in out.stdout, out.stdout
+    shown = daemon.cli("show", "split").stdout
+    assert "Loaded" in shown and names[0] in shown and "layers offloaded" in shown, shown
     with daemon.client() as c:  # 20 layers on the workers, the other 10 here
         partial = _generate(c, "split-partial", "Why is the sky blue?")
         entry = next(

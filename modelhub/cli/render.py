@@ -259,10 +259,24 @@ def _parameter_rows(parameters: str) -> list[list[str]]:
     return rows
 
 
+def _runtime_rows(runtime: Mapping[str, Any]) -> list[list[str]]:
+    """Where llama.cpp put a loaded model (``/api/show``'s ``runtime``)."""
+    devices = runtime.get("devices") or []
+    rows = [["devices", ", ".join(map(str, devices)) if devices else "CPU"]]
+    if devices:
+        rows.append(["layers offloaded", str(runtime.get("layers_offloaded", 0))])
+        rows.append(["device memory", format_size(int(runtime.get("size_vram") or 0))])
+    if runtime.get("draft_devices"):
+        rows.append(["draft devices", ", ".join(map(str, runtime["draft_devices"]))])
+    if runtime.get("offload"):
+        rows.append(["offload", str(runtime["offload"])])
+    return rows
+
+
 def show_summary(info: Mapping[str, Any], *, verbose: bool = False) -> str:
-    """The `show MODEL` summary: Model, Capabilities, Projector, Draft, Adapter, Parameters,
-    System, License, and with ``verbose`` Metadata and Tensors. Sections without content are
-    left out."""
+    """The `show MODEL` summary: Model, Capabilities, Projector, Draft, Adapter, Loaded (while
+    it is), Parameters, System, License, and with ``verbose`` Metadata and Tensors. Sections
+    without content are left out."""
     sections = []
     model_rows = _model_rows(info)
     if model_rows:
@@ -285,6 +299,9 @@ def show_summary(info: Mapping[str, Any], *, verbose: bool = False) -> str:
     for adapter in info.get("adapters") or []:
         if isinstance(adapter, Mapping):
             sections.append(_section("Adapter", _adapter_rows(adapter)))
+    runtime = info.get("runtime")
+    if isinstance(runtime, Mapping):
+        sections.append(_section("Loaded", _runtime_rows(runtime)))
     if info.get("parameters"):
         sections.append(_section("Parameters", _parameter_rows(str(info["parameters"]))))
     if info.get("system"):
