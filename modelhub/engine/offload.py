@@ -109,10 +109,11 @@ def plan_offload(
     in_blocks = sum(t.n_elements for t in info.tensors if t.name.startswith("blk."))
     block_weights = info.file_size * in_blocks / elements
     n_embd = info.embedding_length or 0
-    heads = _number(info.kv, info.architecture, "attention.head_count") or 1
-    heads_kv = _number(info.kv, info.architecture, "attention.head_count_kv") or heads
-    head = n_embd // max(1, heads)
-    kv_per_layer = n_ctx_total * heads_kv * 2 * head * _F16
+    heads = info.hyperparameter("attention.head_count") or 1
+    heads_kv = info.hyperparameter("attention.head_count_kv") or heads
+    k_len = info.hyperparameter("attention.key_length") or n_embd // max(1, heads)
+    v_len = info.hyperparameter("attention.value_length") or n_embd // max(1, heads)
+    kv_per_layer = n_ctx_total * heads_kv * (k_len + v_len) * _F16
     compute = n_batch * (info.vocab_size + 4 * n_embd) * _F32
     layer = int(block_weights / n_layer + kv_per_layer)
     rest = int(info.file_size - block_weights + compute)
@@ -123,10 +124,3 @@ def plan_offload(
         targets,
         f"automatic: {min(n, n_layer)}/{n_layer} layers fit in {free >> 20} MiB free on {names}",
     )
-
-
-def _number(kv: dict[str, Any], arch: str, key: str) -> int | None:
-    value = kv.get(f"{arch}.{key}")
-    if isinstance(value, list):
-        value = max(value) if value else None
-    return int(value) if isinstance(value, int | float) else None

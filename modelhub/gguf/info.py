@@ -67,6 +67,13 @@ class GGUFInfo:
     def parameter_size(self) -> str:
         return format_parameter_count(self.parameter_count)
 
+    def hyperparameter(self, key: str) -> int | None:
+        """The integer ``<architecture>.<key>``; a per-layer array counts as its largest value."""
+        value: Any = self.kv.get(f"{self.architecture}.{key}")
+        if isinstance(value, list):
+            value = max((v for v in value if isinstance(v, int)), default=None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     @property
     def has_mtp_heads(self) -> bool:
         if self.nextn_layers <= 0:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from modelhub.gguf.info import GGUFInfo
 
@@ -61,26 +60,18 @@ class MemoryEstimate:
         )
 
 
-def _number(info: GGUFInfo, key: str) -> int | None:
-    """An integer hyperparameter; per-layer arrays count as their largest value."""
-    value: Any = info.kv.get(f"{info.architecture}.{key}")
-    if isinstance(value, list):
-        value = max((v for v in value if isinstance(v, int)), default=None)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def estimate(info: GGUFInfo, n_ctx: int, n_batch: int) -> MemoryEstimate:
     """What one model loaded with this context and batch size needs."""
     n_layer = (info.block_count or 0) - max(0, info.nextn_layers)
     n_embd = info.embedding_length or 0
-    n_head = _number(info, "attention.head_count") or 0
-    n_head_kv = _number(info, "attention.head_count_kv") or n_head  # an array -> its largest
+    n_head = info.hyperparameter("attention.head_count") or 0
+    n_head_kv = info.hyperparameter("attention.head_count_kv") or n_head  # an array -> its largest
     kv = 0
     if n_head > 0 and n_layer > 0:
-        k_len = _number(info, "attention.key_length") or n_embd // n_head
-        v_len = _number(info, "attention.value_length") or n_embd // n_head
+        k_len = info.hyperparameter("attention.key_length") or n_embd // n_head
+        v_len = info.hyperparameter("attention.value_length") or n_embd // n_head
         kv = n_layer * n_ctx * n_head_kv * (k_len + v_len) * _F16
-    n_ff = _number(info, "feed_forward_length") or 4 * n_embd
+    n_ff = info.hyperparameter("feed_forward_length") or 4 * n_embd
     compute = n_batch * (info.vocab_size + 4 * max(n_embd, n_ff)) * _F32
     return MemoryEstimate(weights=info.file_size, kv_cache=kv, compute=compute)
 
