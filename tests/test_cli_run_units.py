@@ -586,6 +586,32 @@ def test_bench_configs() -> None:
         bench.configs_for({"kind": "ngram"}, [0])
 
 
+def test_bench_fixed_runs_each_length_adaptive_and_fixed() -> None:
+    own = bench.configs_for({"kind": "ngram", "draft_num_predict": 16}, [], fixed=True)
+    assert own == [
+        bench.Config("off", 0),
+        bench.Config("≤16", None, True),
+        bench.Config("=16", None, False),
+    ]
+    given = bench.configs_for({"kind": "mtp"}, [2, 4], fixed=True)
+    assert [(c.label, c.draft_num_predict, c.adaptive) for c in given] == [
+        ("off", 0, None),
+        ("≤2", 2, True),
+        ("=2", 2, False),
+        ("≤4", 4, True),
+        ("=4", 4, False),
+    ]
+    fixed_model = {"kind": "ngram", "draft_num_predict": 8, "draft_adaptive": False}
+    assert [c.label for c in bench.configs_for(fixed_model, [])] == ["off", "=8"]
+    request = bench.generate_request("m", "p", given[2], 64)
+    assert request["options"] == {
+        "temperature": 0,
+        "num_predict": 64,
+        "draft_num_predict": 2,
+        "draft_adaptive": False,
+    }
+
+
 def test_bench_requests_are_greedy() -> None:
     off = bench.generate_request("m", "p", bench.Config("off", 0), 64)
     assert off["options"] == {"temperature": 0, "num_predict": 64, "draft_num_predict": 0}
@@ -653,8 +679,8 @@ def test_bench_table_and_json() -> None:
     )
     assert data["rows"][1]["speedup"] == 2.0 and data["runs"][1]["draft_accepted_count"] == 6
     assert data["configs"] == [
-        {"label": "off", "draft_num_predict": 0},
-        {"label": "≤4", "draft_num_predict": None},
+        {"label": "off", "draft_num_predict": 0, "adaptive": None},
+        {"label": "≤4", "draft_num_predict": None, "adaptive": None},
     ]
 
 

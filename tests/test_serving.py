@@ -142,6 +142,20 @@ def test_fixed_draft_length_drafts_from_the_first_request(served: Daemon, tmp_pa
     assert "draft_adaptive" in served.cli("show", "smol-ngram-fixed").stdout
 
 
+def test_cli_bench_compares_off_adaptive_and_fixed(served: Daemon) -> None:
+    prompt = "Repeat this list exactly: one, two, three, one, two, three, one, two, three."
+    r = served.cli(
+        *("bench", "smol-ngram", "--fixed", "--num-predict", "24", "--prompt", prompt, "--json")
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [c["label"] for c in data["configs"]] == ["off", "≤6", "=6"]
+    rows = {row["config"]: row for row in data["rows"]}
+    assert rows["≤6"]["identical"] is True and rows["=6"]["identical"] is True
+    fixed = next(run for run in data["runs"] if run["config"] == "=6")
+    assert fixed["draft_count"] > 0 and rows["off"]["tokens"] == fixed["eval_count"] > 0
+
+
 def test_chat_with_ollama_client(served: Daemon) -> None:
     client = ollama.Client(host=served.url)
     parts = list(

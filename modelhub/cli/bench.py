@@ -37,10 +37,12 @@ DEFAULT_NUM_PREDICT = 128
 
 @dataclass(frozen=True)
 class Config:
-    """One way of running: ``draft_num_predict`` 0 is off, None the model's own setting."""
+    """One way of running: ``draft_num_predict`` 0 is off, None the model's own setting;
+    ``adaptive`` False drafts the bound every step (``draft_adaptive``), None as the model."""
 
     label: str
     draft_num_predict: int | None
+    adaptive: bool | None = None
 
     @property
     def is_off(self) -> bool:
@@ -74,30 +76,50 @@ class Row:
 
 
 def configs_for(
-    draft: dict[str, Any] | None, bounds: Sequence[int], model: str = "this model"
+    draft: dict[str, Any] | None,
+    bounds: Sequence[int],
+    model: str = "this model",
+    *,
+    fixed: bool = False,
 ) -> list[Config]:
-    """Off first, then each requested bound, or the model's own setting when none is given."""
+    """Off first, then each requested bound, or the model's own setting when none is given;
+    with ``fixed`` each bound twice: adaptive (``≤K``) and always K (``=K``)."""
     if not draft:
         raise InputError(
             f"{model} has no DRAFT, so there is nothing to compare: create a model with a "
             "DRAFT line (a smaller model, mtp or ngram), see docs/modelfile.md"
         )
-    for bound in bounds:
-        if not 1 <= bound <= 64:
-            raise InputError(f"--draft-num-predict must be between 1 and 64, got {bound}")
+    for given in bounds:
+        if not 1 <= given <= 64:
+            raise InputError(f"--draft-num-predict must be between 1 and 64, got {given}")
     configs = [Config("off", 0)]
-    if bounds:
-        configs += [Config(f"≤{bound}", bound) for bound in dict.fromkeys(bounds)]
-    else:
-        own = draft.get("draft_num_predict")
-        configs.append(Config(f"≤{own}" if own else "on", None))
+    own = draft.get("draft_num_predict")
+    model_fixed = draft.get("draft_adaptive") is False
+    chosen: list[int | None] = list(dict.fromkeys(bounds)) or [None]
+    for bound in chosen:
+        shown = bound if bound is not None else own
+        if fixed:
+            configs.append(Config(f"≤{shown}" if shown else "adaptive", bound, True))
+            configs.append(Config(f"={shown}" if shown else "fixed", bound, False))
+        elif model_fixed:
+            configs.append(Config(f"={shown}" if shown else "on", bound))
+        else:
+            configs.append(Config(f"≤{shown}" if shown else "on", bound))
     return configs
+
+
+def _draft_options(config: Config) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if config.draft_num_predict is not None:
+        options["draft_num_predict"] = config.draft_num_predict
+    if config.adaptive is not None:
+        options["draft_adaptive"] = config.adaptive
+    return options
 
 
 def generate_request(model: str, prompt: str, config: Config, num_predict: int) -> dict[str, Any]:
     options: dict[str, Any] = {"temperature": 0, "num_predict": num_predict}
-    if config.draft_num_predict is not None:
-        options["draft_num_predict"] = config.draft_num_predict
+    options |= _draft_options(config)
     return {"model": model, "prompt": prompt, "stream": False, "options": options}
 
 
@@ -255,8 +277,8 @@ def run_bench(
     for config in configs:
         progress(f"loading {model} ({config.label})")
         load: dict[str, Any] = {"model": model}
-        if config.draft_num_predict is not None:
-            load["options"] = {"draft_num_predict": config.draft_num_predict}
+        if options := _draft_options(config):
+            load["options"] = options
         client.request_json("POST", "/api/generate", load)
         for index, prompt in enumerate(prompts):
             for attempt in range(repeat):
@@ -291,6 +313,11 @@ def run_bench(
 @click.option(
     "--repeat", type=click.IntRange(1, 1000), default=1, show_default=True, help="Runs per prompt."
 )
+@click.option(
+    "--fixed",
+    is_flag=True,
+    help="Also run each draft length fixed (draft_adaptive false, as llama.cpp) beside adaptive.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench(
     model: str,
@@ -298,6 +325,7 @@ def bench(
     prompts: tuple[str, ...],
     num_predict: int,
     repeat: int,
+    fixed: bool,
     as_json: bool,
 ) -> None:
     """Compare MODEL with drafting off and on: tok/s, acceptance, speed-up, identical output.
@@ -307,7 +335,7 @@ def bench(
     """
     client = connect()
     draft = client.show(model).get("draft")
-    configs = configs_for(draft, bounds, f"model '{model}'")
+    configs = configs_for(draft, bounds, f"model '{model}'", fixed=fixed)
     chosen = list(prompts) or list(DEFAULT_PROMPTS)
     errors = Console(stderr=True, highlight=False)
     if errors.is_terminal:
