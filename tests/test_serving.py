@@ -108,7 +108,7 @@ def test_ngram_draft_is_lossless_and_counted(served: Daemon) -> None:
     assert first["response"] == spec["response"] == plain["response"]
     assert spec["draft_count"] >= spec["draft_accepted_count"] > 0, spec
     entry = next(m for m in ps if m["name"] == "smol-ngram:latest")
-    assert entry["draft"]["kind"] == "ngram"
+    assert entry["draft"]["kind"] == "ngram" and entry["draft"]["adaptive"] is True
 
 
 def test_fixed_draft_length_drafts_from_the_first_request(served: Daemon, tmp_path: Path) -> None:
@@ -140,6 +140,9 @@ def test_fixed_draft_length_drafts_from_the_first_request(served: Daemon, tmp_pa
     assert fixed["draft_count"] >= fixed["draft_accepted_count"] > 0, fixed
     assert bad.status_code == 400 and "draft_adaptive" in bad.json()["error"], bad.text
     assert "draft_adaptive" in served.cli("show", "smol-ngram-fixed").stdout
+    with served.client() as c:
+        ps = {m["name"]: m for m in c.get("/api/ps").json()["models"]}
+    assert ps["smol-ngram-fixed:latest"]["draft"]["adaptive"] is False
 
 
 def test_cli_bench_compares_off_adaptive_and_fixed(served: Daemon) -> None:

@@ -369,6 +369,7 @@ async def ps(request: Request) -> Response:
             entry["draft"] = {
                 "kind": config["draft_kind"],
                 "draft_num_predict": config.get("draft_num_predict"),
+                "adaptive": bool(config.get("adaptive", True)),
                 "devices": list(loaded.info.get("draft_devices") or []),
             }
         models.append(entry)
