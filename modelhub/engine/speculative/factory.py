@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
 from modelhub.engine.speculative.base import Drafter
@@ -76,12 +76,16 @@ def make_drafter(
         return None
     if cfg.draft_kind == "draft_model":
         return _draft_model(cfg, target, n_threads, placement)
-    if cfg.draft_kind == "mtp":
+    if cfg.draft_kind == "ngram":
+        return ngram_drafter(target.path)
+    if cfg.draft_kind == "mtp" and cfg.draft_path is None:  # the target's own NextN heads
         from modelhub.engine.speculative.mtp import MtpDrafter
 
+        return MtpDrafter(target, target_ctx, n_threads=n_threads, p_min=cfg.draft_p_min)
+    if cfg.draft_kind in ("mtp", "eagle3", "dflash"):
         if cfg.draft_path is None:
-            return MtpDrafter(target, target_ctx, n_threads=n_threads, p_min=cfg.draft_p_min)
-        return MtpDrafter.from_file(
+            raise DraftError(f"draft_kind {cfg.draft_kind!r} needs draft_path (the drafter GGUF)")
+        drafter = _file_drafter_class(cfg.draft_kind).from_file(
             Path(cfg.draft_path),
             target,
             target_ctx,
@@ -89,34 +93,26 @@ def make_drafter(
             p_min=cfg.draft_p_min,
             placement=placement,
         )
-    if cfg.draft_kind == "ngram":
-        return ngram_drafter(target.path)
-    if cfg.draft_kind in ("eagle3", "dflash"):
-        if cfg.draft_path is None:
-            raise DraftError(f"draft_kind {cfg.draft_kind!r} needs draft_path (the drafter GGUF)")
-        from modelhub.engine.speculative.layered import LayeredDrafter
-
-        Layered: type[LayeredDrafter]
-        if cfg.draft_kind == "eagle3":
-            from modelhub.engine.speculative.eagle3 import Eagle3Drafter as Layered
-        else:
-            from modelhub.engine.speculative.dflash import DFlashDrafter as Layered
-        # the subclasses implement Drafter; their shared base class does not declare propose
-        return cast(
-            Drafter,
-            Layered.from_file(
-                Path(cfg.draft_path),
-                target,
-                target_ctx,
-                n_threads=n_threads,
-                p_min=cfg.draft_p_min,
-                placement=placement,
-            ),
-        )
+        return cast(Drafter, drafter)
     raise DraftError(
         f"unknown draft kind {cfg.draft_kind!r}: "
         "use none, draft_model, mtp, ngram, eagle3 or dflash"
     )
+
+
+def _file_drafter_class(kind: str) -> Any:
+    """The class that loads a ``kind`` drafter from its own GGUF (each has ``from_file``)."""
+    if kind == "mtp":
+        from modelhub.engine.speculative.mtp import MtpDrafter
+
+        return MtpDrafter
+    if kind == "eagle3":
+        from modelhub.engine.speculative.eagle3 import Eagle3Drafter
+
+        return Eagle3Drafter
+    from modelhub.engine.speculative.dflash import DFlashDrafter
+
+    return DFlashDrafter
 
 
 def _draft_model(
