@@ -213,6 +213,7 @@ def test_mtp_and_ngram(daemon: Daemon, tmp_path: Path) -> None:
     with daemon.client() as c:
         show = c.post("/api/show", json={"model": "tiny-ngram"}).json()
     assert show["details"]["draft"] == {"kind": "ngram"}
+    assert show["draft"]["draft_num_predict"] == 16  # the bound in effect: ngram's default
 
 
 def test_split_mtp_heads_file_is_a_draft(daemon: Daemon, tmp_path: Path) -> None:

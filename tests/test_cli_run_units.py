@@ -584,6 +584,8 @@ def test_bench_configs() -> None:
         bench.configs_for(None, [], "model 'smol'")
     with pytest.raises(InputError, match="between 1 and 64"):
         bench.configs_for({"kind": "ngram"}, [0])
+    with pytest.raises(InputError, match=r"exceeds the draft_num_predict of model 'm' \(4\)"):
+        bench.configs_for({"kind": "mtp", "draft_num_predict": 4}, [2, 8], "model 'm'")
 
 
 def test_bench_fixed_runs_each_length_adaptive_and_fixed() -> None:

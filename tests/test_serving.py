@@ -124,7 +124,9 @@ def test_fixed_draft_length_drafts_from_the_first_request(served: Daemon, tmp_pa
     opts = {"temperature": 0, "num_predict": 32}
     with served.client() as c:
         show = c.post("/api/show", json={"model": "smol-ngram-fixed"}).json()
-        assert show["draft"]["draft_adaptive"] is False
+        assert show["draft"]["draft_adaptive"] is False and show["draft"]["draft_num_predict"] == 6
+        default = c.post("/api/show", json={"model": "smol-ngram"}).json()["draft"]
+        assert default["draft_num_predict"] == 6 and "draft_adaptive" not in default
         plain, fixed = (
             c.post(
                 "/api/generate",
@@ -153,6 +155,8 @@ def test_cli_bench_compares_off_adaptive_and_fixed(served: Daemon) -> None:
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert [c["label"] for c in data["configs"]] == ["off", "≤6", "=6"]
+    too_long = served.cli("bench", "smol-ngram", "--draft-num-predict", "8")
+    assert too_long.returncode != 0 and "PARAMETER draft_num_predict 8" in too_long.stderr
     rows = {row["config"]: row for row in data["rows"]}
     assert rows["≤6"]["identical"] is True and rows["=6"]["identical"] is True
     fixed = next(run for run in data["runs"] if run["config"] == "=6")

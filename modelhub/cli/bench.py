@@ -89,11 +89,17 @@ def configs_for(
             f"{model} has no DRAFT, so there is nothing to compare: create a model with a "
             "DRAFT line (a smaller model, mtp or ngram), see docs/modelfile.md"
         )
+    own = draft.get("draft_num_predict")
     for given in bounds:
         if not 1 <= given <= 64:
             raise InputError(f"--draft-num-predict must be between 1 and 64, got {given}")
+        if isinstance(own, int) and given > own:
+            # a request may lower the model's bound, never raise it: the figures would be own's
+            raise InputError(
+                f"--draft-num-predict {given} exceeds the draft_num_predict of {model} ({own}); "
+                f"to try longer drafts, create a model with PARAMETER draft_num_predict {given}"
+            )
     configs = [Config("off", 0)]
-    own = draft.get("draft_num_predict")
     model_fixed = draft.get("draft_adaptive") is False
     chosen: list[int | None] = list(dict.fromkeys(bounds)) or [None]
     for bound in chosen:

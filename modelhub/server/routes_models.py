@@ -22,6 +22,7 @@ from modelhub.gguf.info import capabilities, model_info_for_show
 from modelhub.library.create import CreateRequest, Creator
 from modelhub.library.views import ModelView
 from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
+from modelhub.runtime.planning import DEFAULT_DRAFT_LEN
 from modelhub.server import schemas
 from modelhub.server.lookup import find_model
 from modelhub.server.requests import field, model_field, read_json, str_map
@@ -128,6 +129,8 @@ def _draft_summary(view: ModelView, params: dict[str, Any]) -> dict[str, Any]:
     for key in ("draft_num_predict", "draft_min", "draft_p_min", "draft_adaptive"):
         if key in params:
             draft[key] = params[key]
+    # the bound in effect, also when the Modelfile leaves it to the drafter kind's default
+    draft.setdefault("draft_num_predict", DEFAULT_DRAFT_LEN.get(str(draft.get("kind")), 0))
     return draft
 
 
