@@ -31,6 +31,7 @@ from modelhub.cli.create_files import (
     scan_gguf_directory,
 )
 from modelhub.cli.create_request import plan_create
+from modelhub.cli.info import info_text
 from modelhub.cli.main import cli
 from modelhub.client import Client, ensure_server, is_local_address
 from modelhub.config import Settings
@@ -266,6 +267,21 @@ def test_show_summary_says_where_a_loaded_model_runs() -> None:
     on_cpu = render.show_summary({**SHOW_PAYLOAD, "runtime": {"devices": [], "offload": ""}})
     assert "  Loaded\n    devices    CPU\n" in on_cpu
     assert "Loaded" not in render.show_summary(SHOW_PAYLOAD)  # not loaded: no section
+
+
+def test_info_says_whether_layers_can_leave_the_cpu() -> None:
+    cpu = {"name": "CPU", "type": "cpu"}
+    gpu = {"name": "Vulkan0", "type": "gpu", "memory_free": 2 << 30, "memory_total": 2 << 30}
+
+    def offload(system: dict) -> str:
+        line = next(x for x in info_text({"system": system}).splitlines() if "GPU offload" in x)
+        return line.split(":", 1)[1].strip()
+
+    assert offload({"gpu_offload": False, "devices": [cpu]}) == "not in this build"
+    assert offload({"gpu_offload": True, "devices": [cpu, gpu]}) == "possible: Vulkan0"
+    assert offload({"gpu_offload": True, "devices": [cpu]}).startswith(
+        "compiled in, but no GPU device found"
+    )
 
 
 # -- create requests from Modelfiles -----------------------------------------------------------

@@ -141,6 +141,8 @@ def test_info_lists_the_device(daemon: Daemon) -> None:
     assert system["gpu_offload"] is True
     names = [d["name"] for d in system["devices"]]
     assert all(name in names for name in DEVICES), (names, DEVICES)
+    shown = daemon.cli("info").stdout
+    assert f"GPU offload:      possible: {DEVICES[0]}" in shown, shown
 
 
 def test_partial_offload_and_host_memory_planning(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def info_text(answer: Mapping[str, Any]) -> str:
     pairs += [
         ("llama-cpp-python", str(system.get("llama_cpp_python", "?"))),
         ("backends", ", ".join(system.get("backends") or []) or "-"),
-        ("GPU offload", "possible" if system.get("gpu_offload") else "not in this build"),
+        ("GPU offload", _offload_text(system)),
         ("RPC", "compiled in" if system.get("rpc") else "not in this build"),
         ("CPU", f"{system.get('machine', '?')}, {features}"),
         (
@@ -65,6 +65,20 @@ def info_text(answer: Mapping[str, Any]) -> str:
         table = render.format_table(["DEVICE", "TYPE", "DESCRIPTION", "FREE", "TOTAL"], rows)
         text += "\n" + table
     return text
+
+
+def _offload_text(system: Mapping[str, Any]) -> str:
+    """Whether layers can leave the CPU: a build with a GPU backend may still see no device."""
+    if not system.get("gpu_offload"):
+        return "not in this build"
+    devices = system.get("devices") or []
+    targets = [str(d.get("name")) for d in devices if d.get("type") in ("gpu", "igpu")]
+    if targets:
+        return "possible: " + ", ".join(targets)
+    return (
+        "compiled in, but no GPU device found (check the driver; llama.cpp hides software "
+        "Vulkan devices unless GGML_VK_VISIBLE_DEVICES names them)"
+    )
 
 
 def _lines(pairs: list[tuple[str, str]]) -> str:
