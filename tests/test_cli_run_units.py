@@ -534,6 +534,8 @@ def test_until_text() -> None:
 def test_draft_text() -> None:
     assert runtime.draft_text({"kind": "draft_model", "draft_num_predict": 4}) == "draft_model ≤4"
     assert runtime.draft_text({"kind": "ngram", "draft_num_predict": 8}) == "ngram ≤8"
+    fixed = {"kind": "ngram", "draft_num_predict": 8, "adaptive": False}
+    assert runtime.draft_text(fixed) == "ngram =8"
     assert runtime.draft_text({"kind": "mtp", "draft_num_predict": None}) == "mtp"
     assert runtime.draft_text(None) == "-"
     assert runtime.draft_text({}) == "-"

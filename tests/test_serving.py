@@ -145,6 +145,7 @@ def test_fixed_draft_length_drafts_from_the_first_request(served: Daemon, tmp_pa
     with served.client() as c:
         ps = {m["name"]: m for m in c.get("/api/ps").json()["models"]}
     assert ps["smol-ngram-fixed:latest"]["draft"]["adaptive"] is False
+    assert "ngram =6" in served.cli("ps").stdout
 
 
 def test_cli_bench_compares_off_adaptive_and_fixed(served: Daemon) -> None:

@@ -40,13 +40,14 @@ def until_text(expires_at: Any, now: datetime) -> str:
 
 
 def draft_text(draft: Any) -> str:
-    """The DRAFT column: ``draft_model ≤4``, ``ngram ≤8``, ``mtp``, or ``-`` without one."""
+    """The DRAFT column: ``draft_model ≤4`` (adaptive, at most 4), ``ngram =8`` (always 8:
+    ``draft_adaptive false``), ``mtp``, or ``-`` without one."""
     if not isinstance(draft, Mapping) or not draft.get("kind"):
         return "-"
     bound = draft.get("draft_num_predict")
     kind = str(draft["kind"])
     if isinstance(bound, int) and not isinstance(bound, bool):
-        return f"{kind} ≤{bound}"
+        return f"{kind} {'=' if draft.get('adaptive') is False else '≤'}{bound}"
     return kind
 
 
