@@ -16,16 +16,34 @@ Memory is bounded: the table has a fixed number of slots (``capacity``, 13 bytes
 = 13.6 MB by default) and a colliding write replaces the older entry, so old material fades
 instead of growing the table. The prefix memory keeps at most ``max_sequences`` sequences of at
 most ``max_sequence_tokens`` tokens each (4 bytes a token; 8 x 2^17 tokens = 4 MB).
+
+A pool outlives its process through :meth:`NgramPool.save` and :meth:`NgramPool.load`: the
+table (not the prefix memory) in a file of at most a few MB (``ngram_file.py`` has the format);
+when the table holds more than that, the entries the most recent sequences reach are kept
+first, then those seen most often.
 """
 
 from __future__ import annotations
 
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
 
 from modelhub.engine.speculative.base import ProbabilityFn, Proposal
 from modelhub.engine.speculative.confidence import AcceptanceByClass
+from modelhub.engine.speculative.ngram_file import (
+    DEFAULT_MAX_BYTES,
+    NgramEntries,
+    encode,
+    max_entries,
+    read_entries,
+    select_entries,
+    slots_for,
+    write_atomic,
+)
 
 _MASK64 = (1 << 64) - 1
 _MULTIPLIER = 0x9E3779B97F4A7C15  # odd 64-bit constant (golden ratio): a good multiplicative hash
@@ -61,6 +79,11 @@ def suffix_keys(tokens: Sequence[int], end: int, orders: Sequence[int]) -> list[
         key = h ^ (h >> 31)
         keys.append(key or 1)
     return keys
+
+
+def hash_fingerprint() -> int:
+    """The key of a fixed 16-gram: two pools agree on keys only if they agree on this."""
+    return suffix_keys(range(1, 17), 16, (16,))[0]
 
 
 class IndexedSequence:
@@ -166,6 +189,61 @@ class NgramPool:
             token = tokens[i]
             for key in suffix_keys(tokens, i, orders):
                 self._write(key, token)
+
+    # --- persistence ---
+
+    def save(self, path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        """Write the table to ``path`` (atomically: temp file, fsync, rename), in at most
+        ``max_bytes`` bytes. Raises OSError when the file cannot be written (nothing is left
+        half-written); the pool is unchanged either way."""
+        entries = self._entries_to_keep(max_entries(max_bytes))
+        write_atomic(path, encode(entries, n_match=self.n_match, fingerprint=hash_fingerprint()))
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        n_match: int = 16,
+        *,
+        capacity: int = 1 << 20,
+        max_sequences: int = 8,
+        max_sequence_tokens: int = 1 << 17,
+    ) -> NgramPool:
+        """A pool (built with these arguments, as ``NgramPool(...)``) holding what ``path``
+        saved. A missing, truncated, corrupt or other-version file gives an empty pool and a
+        logged line, never an exception: the pool only ever speeds drafting up."""
+        pool = cls(
+            n_match,
+            capacity=capacity,
+            max_sequences=max_sequences,
+            max_sequence_tokens=max_sequence_tokens,
+        )
+        entries = read_entries(path, fingerprint=hash_fingerprint())
+        if entries is not None and len(entries):
+            pool._insert(entries)
+        return pool
+
+    def _entries_to_keep(self, limit: int) -> NgramEntries:
+        with self._lock:
+            keys = np.frombuffer(self._keys, dtype=np.uint64).copy()
+            tokens = np.frombuffer(self._next, dtype=np.int32).copy()
+            hits = np.frombuffer(self._hits, dtype=np.uint8).copy()
+            recent = [array("i", seq.tokens) for seq in reversed(self._sequences)]
+        table = NgramEntries(keys, tokens, hits)
+        return select_entries(table, self._recent_keys(recent), self._shift, limit)
+
+    def _recent_keys(self, sequences: list[array[int]]) -> Iterator[int]:
+        """Keys of the n-grams of ``sequences`` (newest first), each from its end backwards."""
+        for tokens in sequences:
+            for end in range(len(tokens) - 1, 0, -1):
+                yield from suffix_keys(tokens, end, self.orders)
+
+    def _insert(self, entries: NgramEntries) -> None:
+        slots, chosen = slots_for(entries, self._shift)
+        with self._lock:
+            np.frombuffer(self._keys, dtype=np.uint64)[slots] = entries.keys[chosen]
+            np.frombuffer(self._next, dtype=np.int32)[slots] = entries.tokens[chosen]
+            np.frombuffer(self._hits, dtype=np.uint8)[slots] = entries.hits[chosen]
 
     # --- sequences ---
 
