@@ -1,8 +1,9 @@
-"""Digests and the single digest -> blob path mapping (SEC-01, SEC-02).
+"""Digests and the digest -> path mappings (SEC-01, SEC-02).
 
-A digest reaches a file name only through :func:`blob_path_in`, which accepts nothing but
-``sha256:`` followed by 64 lowercase hex characters and checks that the result stays inside
-the blobs directory. No other module may join a digest onto a path.
+A digest reaches a file name only through :func:`blob_path_in` (a blob) and
+:func:`state_path_in` (the drafting state kept for a weights blob), which accept nothing but
+``sha256:`` followed by 64 lowercase hex characters and check that the result stays inside
+their directory. No other module may join a digest onto a path.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ CHUNK_SIZE = 1 << 20  # 1 MiB: large enough for throughput, small enough for ste
 _STRICT = re.compile(r"sha256:[0-9a-f]{64}")
 _LENIENT = re.compile(r"sha256[:-]([0-9a-fA-F]{64})")
 _BLOB_NAME = re.compile(r"sha256-([0-9a-f]{64})")
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def _shown(text: object) -> str:
@@ -71,6 +73,19 @@ def blob_path_in(blobs_dir: Path, digest: str) -> Path:
             f"invalid digest format: {_shown(digest)} (escapes the blob store)"
         )
     return path
+
+
+def state_path_in(state_dir: Path, digest: str) -> Path:
+    """The folder named by ``digest``'s hex inside ``state_dir`` (``<state_dir>/<64 hex>``)."""
+    path = state_dir / parse_digest(digest)[len("sha256:") :]
+    if path.parent != state_dir:  # as in blob_path_in: a guard against a regression
+        raise InvalidDigestError(f"invalid digest format: {_shown(digest)} (escapes the store)")
+    return path
+
+
+def digest_from_state_name(name: str) -> str | None:
+    """The digest a state folder name (64 lowercase hex) stands for, or None."""
+    return "sha256:" + name if _HEX.fullmatch(name) else None
 
 
 def sha256_file(path: str | os.PathLike[str]) -> tuple[str, int]:

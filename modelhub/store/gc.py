@@ -1,5 +1,7 @@
 """Garbage collection of the store: which blobs manifests reference, unlinking the others, and
 clearing debris (temp files, download partials, legacy names, empty manifest directories).
+The drafting state kept for a weights blob (``<root>/drafting/<hex>/``, e.g. its n-gram pool)
+goes with the blob.
 
 These functions take no lock; :class:`~modelhub.store.Store` holds its lock around them and
 decides, failing closed, whether anything may be deleted (STO-09).
@@ -8,6 +10,7 @@ decides, failing closed, whether anything may be deleted (STO-09).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -16,8 +19,15 @@ from pathlib import Path
 
 from modelhub.errors import ModelhubError
 from modelhub.store.blobs import PARTIAL_SUFFIX, TEMP_PREFIX, fsync_dir
-from modelhub.store.digests import blob_path_in, digest_from_filename
+from modelhub.store.digests import (
+    blob_path_in,
+    digest_from_filename,
+    digest_from_state_name,
+    state_path_in,
+)
 from modelhub.store.manifest_tree import ManifestTree, entries, subdirs
+
+log = logging.getLogger(__name__)
 
 # Store debris: our temp files, download partials, and legacy colon-named duplicates.
 DEBRIS = re.compile(
@@ -56,6 +66,45 @@ def unlink_blobs(blobs_dir: Path, digests: set[str]) -> list[str]:
     if removed:
         fsync_dir(blobs_dir)
     return removed
+
+
+DRAFTING_DIR = "drafting"  # <root>/drafting/<hex of a weights blob>/: what drafting learned
+
+
+def remove_drafting_state(root: Path, digests: set[str]) -> list[str]:
+    """Remove the drafting state of ``digests`` (blobs that are gone or going); returns the
+    digests whose state was removed."""
+    removed = []
+    for digest in sorted(digests):
+        if _remove_tree(state_path_in(root / DRAFTING_DIR, digest)):
+            removed.append(digest)
+    return removed
+
+
+def remove_orphan_drafting_state(root: Path, blobs_dir: Path) -> list[str]:
+    """Remove drafting state whose blob is gone (a runner saved it after its model was removed);
+    folders not named by a digest are not ours and are left alone."""
+    orphans = set()
+    for entry in entries(root / DRAFTING_DIR):
+        digest = digest_from_state_name(entry.name)
+        if digest is not None and not blob_path_in(blobs_dir, digest).exists():
+            orphans.add(digest)
+    return remove_drafting_state(root, orphans)
+
+
+def _remove_tree(path: Path) -> bool:
+    """Remove a folder (or whatever is in its place; a link is not followed)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        log.warning("could not remove the drafting state %s: %s", path, exc)
+        return False
+    return True
 
 
 def remove_stale_blobs(blobs_dir: Path, referenced: set[str], cutoff: float) -> list[str]:

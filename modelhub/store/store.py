@@ -26,13 +26,16 @@ import filelock
 
 from modelhub.errors import InputError, ModelhubError, NotFoundError, StoreError
 from modelhub.store.blobs import DIR_MODE, BlobWriter, fsync_dir
-from modelhub.store.digests import CHUNK_SIZE, blob_path_in
+from modelhub.store.digests import CHUNK_SIZE, blob_path_in, state_path_in
 from modelhub.store.gc import (
+    DRAFTING_DIR,
     WORK_DIR,
     clean_manifest_tree,
     clean_work_area,
     migrate_legacy_names,
     references,
+    remove_drafting_state,
+    remove_orphan_drafting_state,
     remove_stale_blobs,
     unlink_blobs,
 )
@@ -87,6 +90,12 @@ class Store:
 
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).is_file()
+
+    def drafting_dir(self, digest: str) -> Path:
+        """Where drafting keeps what it learned for the weights blob ``digest`` (the n-gram
+        pool, the controller's figures): ``<root>/drafting/<hex>/``. Not created here; removed
+        with the blob (``delete``, ``write_manifest`` and ``copy`` freeing it, ``prune``)."""
+        return state_path_in(self.root / DRAFTING_DIR, digest)
 
     def blob_writer(self, max_size: int | None = None) -> BlobWriter:
         return BlobWriter(self.blobs_dir, max_size=max_size)
@@ -233,6 +242,7 @@ class Store:
                 return []
             cutoff = time.time() - grace_seconds
             removed = remove_stale_blobs(self.blobs_dir, referenced, cutoff)
+            remove_orphan_drafting_state(self.root, self.blobs_dir)
             clean_manifest_tree(self._tree, cutoff)
             clean_work_area(self.root, cutoff)
             return removed
@@ -297,11 +307,14 @@ class Store:
             raise StoreError("cannot write the manifest: " + "; ".join(issues))
 
     def _remove_unreferenced(self, candidates: set[str]) -> list[str]:
-        """Unlink those of ``candidates`` no manifest references; fails closed (STO-09)."""
+        """Unlink those of ``candidates`` no manifest references, with their drafting state;
+        fails closed (STO-09)."""
         if not candidates:
             return []
         referenced, problems = references(self._tree)
         if problems:
             log.warning("not freeing blobs, unreadable manifests: %s", "; ".join(problems))
             return []
-        return unlink_blobs(self.blobs_dir, candidates - referenced)
+        removed = unlink_blobs(self.blobs_dir, candidates - referenced)
+        remove_drafting_state(self.root, candidates - referenced)
+        return removed
