@@ -273,6 +273,30 @@ def test_a_draft_layer_is_pulled_with_the_model(store, registry):
     assert store.blob_path(sha256(draft)).read_bytes() == draft
 
 
+def test_no_draft_leaves_the_draft_layer_and_its_config_entry_out(store, registry):
+    weights, draft = os.urandom(90_000), os.urandom(70_000)
+    config = {"model_format": "gguf", "model_family": "llama", "draft": {"kind": "draft_model"}}
+    raw = registry.add_model(
+        "library/spec",
+        "latest",
+        [(MEDIA_MODEL, weights), ("application/vnd.ollama.image.draft", draft)],
+        config=json.dumps(config).encode(),
+    )
+    recorder = Recorder()
+    pull(store, f"{registry.host}/library/spec", recorder, no_draft=True)
+    assert f"not pulling the draft layer {sha256(draft)[7:19]} (no_draft)" in recorder.statuses
+    assert registry.hits(sha256(draft)[7:]) == []  # never requested
+    model = store.get(parse_name(f"{registry.host}/library/spec"))
+    assert [layer.digest for layer in model.manifest.layers] == [sha256(weights)]
+    stored = json.loads(store.read_blob_bytes(model.manifest.config.digest))
+    assert stored == {"model_format": "gguf", "model_family": "llama"}
+    assert model.raw != raw and not store.has_blob(sha256(draft))
+    assert_invariant(store)
+    # without no_draft the same model comes whole, verbatim
+    pull(store, f"{registry.host}/library/spec")
+    assert store.get(parse_name(f"{registry.host}/library/spec")).raw == raw
+
+
 def test_repulling_a_changed_tag_removes_unused_layers(store, registry):
     registry.add_model("library/m", "latest", [(MEDIA_MODEL, b"old weights" * 100)])
     pull(store, f"{registry.host}/library/m")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fixtures.synthetic import write_tiny_llama
+from fixtures.synthetic import write_mismatched_draft, write_tiny_llama
 
 from devtools.pullservers import (
     MEDIA_MODEL,
@@ -25,6 +25,7 @@ from modelhub.errors import DigestMismatchError, InputError, NotFoundError, Sour
 from modelhub.library.pulled import installer
 from modelhub.pull import default_catalog, pull_model
 from modelhub.pull.catalog import parse_catalog
+from modelhub.pull.sources.hf import RepoFile, choose_files
 from modelhub.store import MEDIA_DRAFT, MEDIA_PARAMS, Store, parse_name
 
 pytestmark = pytest.mark.timeout(120)
@@ -129,6 +130,167 @@ def test_hf_sibling_draft_is_pulled_and_attached(store, hub, ggufs):
     (draft,) = model.manifest.layers_of(MEDIA_DRAFT)
     assert draft.digest == sha256(ggufs["draft"])
     assert config_of(store, name)["draft"]["kind"] == "draft_model"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("files", "quant", "weights", "draft"),
+    [
+        # the sidecar of the chosen quant
+        (
+            ["q-Q4_K_M.gguf", "q-Q8_0.gguf", "mtp-q-Q8_0.gguf", "mtp-q-Q4_K_M.gguf"],
+            None,
+            "q-Q4_K_M.gguf",
+            "mtp-q-Q4_K_M.gguf",
+        ),
+        (
+            ["q-Q4_K_M.gguf", "q-Q8_0.gguf", "mtp-q-Q8_0.gguf", "mtp-q-Q4_K_M.gguf"],
+            "q8_0",
+            "q-Q8_0.gguf",
+            "mtp-q-Q8_0.gguf",
+        ),
+        # a Gemma 4 assistant in one quant serves every quant; the projector is neither
+        (
+            ["g-it-Q4_K_M.gguf", "g-it-assistant-Q8_0.gguf", "mmproj-g-it-F16.gguf"],
+            None,
+            "g-it-Q4_K_M.gguf",
+            "g-it-assistant-Q8_0.gguf",
+        ),
+        (["m-Q4_K_M.gguf", "mmproj-m-F16.gguf", "mmproj-m-Q8_0.gguf"], None, "m-Q4_K_M.gguf", None),
+        (["m-Q4_K_M.gguf", "imatrix.gguf"], None, "m-Q4_K_M.gguf", None),
+        # MTP heads inside the weights are not a sidecar
+        (["Qwen3.6-27B-MTP-Q4_K_M.gguf"], None, "Qwen3.6-27B-MTP-Q4_K_M.gguf", None),
+        # kinds in llama.cpp's order: MTP, then DFlash, then EAGLE-3, then a draft model
+        (
+            ["l-Q4_K_M.gguf", "eagle3-l-Q4_K_M.gguf", "l-DFlash-Q8_0.gguf", "l-draft-Q4_K_M.gguf"],
+            None,
+            "l-Q4_K_M.gguf",
+            "l-DFlash-Q8_0.gguf",
+        ),
+        (
+            ["l-Q4_K_M.gguf", "l-EAGLE3-F16.gguf", "l-draft-Q4_K_M.gguf"],
+            None,
+            "l-Q4_K_M.gguf",
+            "l-EAGLE3-F16.gguf",
+        ),
+        (
+            ["m-Q4_K_M.gguf", "MTP/m-mtp.gguf", "dflash-m-Q4_K_M.gguf"],
+            None,
+            "m-Q4_K_M.gguf",
+            "MTP/m-mtp.gguf",
+        ),
+        # no sidecar of that quant: one naming no quant, else the default order's first
+        (
+            ["m-Q4_K_M.gguf", "m-draft-F16.gguf", "m-draft-Q8_0.gguf"],
+            None,
+            "m-Q4_K_M.gguf",
+            "m-draft-Q8_0.gguf",
+        ),
+        (
+            ["m-Q4_K_M.gguf", "m-draft-F16.gguf", "m-draft.gguf"],
+            None,
+            "m-Q4_K_M.gguf",
+            "m-draft.gguf",
+        ),
+        # split drafters are not supported: none
+        (
+            ["m-Q4_K_M.gguf", "dflash-m-00001-of-00002.gguf", "dflash-m-00002-of-00002.gguf"],
+            None,
+            "m-Q4_K_M.gguf",
+            None,
+        ),
+        # a word that only contains "draft" is not a draft; a repo of drafters is a model
+        (["overdraft-Q4_K_M.gguf"], None, "overdraft-Q4_K_M.gguf", None),
+        (["g-assistant-Q8_0.gguf", "g-assistant-F16.gguf"], "F16", "g-assistant-F16.gguf", None),
+    ],
+)
+def test_hf_sidecar_drafters_are_recognised_by_the_names_repos_use(files, quant, weights, draft):
+    listing = [RepoFile(path, 1000, None) for path in files]
+    chosen, sidecar = choose_files(listing, quant, "org/repo")
+    assert chosen.path == weights
+    assert (sidecar.path if sidecar else None) == draft
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory: pytest.TempPathFactory, ggufs) -> dict[str, bytes]:
+    """Drafts for ``ggufs``' model: a Q8_0 and an F16 one that pair, one that does not."""
+    base = tmp_path_factory.mktemp("drafters")
+    (base / "q8.gguf").write_bytes(ggufs["Q8_0"])
+    f16 = write_tiny_llama(base / "d16.gguf", seed=3, noise_from=base / "q8.gguf", quant="F16")
+    return {
+        "Q8_0": ggufs["draft"],
+        "F16": f16.read_bytes(),
+        "mismatched": write_mismatched_draft(base, "vocab_size").read_bytes(),
+    }
+
+
+def test_hf_sidecar_of_the_chosen_quant_is_attached_and_the_projector_left(
+    store, hub, ggufs, drafters
+):
+    projector = os.urandom(5000)
+    hub.add_repo(
+        "org/side",
+        {
+            "tiny-Q8_0.gguf": ggufs["Q8_0"],
+            "tiny-F16.gguf": ggufs["F16"],
+            "mtp-tiny-F16.gguf": drafters["F16"],
+            "mtp-tiny-Q8_0.gguf": drafters["Q8_0"],
+            "mmproj-tiny-F16.gguf": projector,
+        },
+    )
+    recorder = Recorder()
+    name = pull(store, "hf.co/org/side:F16", recorder)
+    model = store.get(parse_name(name))
+    (draft,) = model.manifest.layers_of(MEDIA_DRAFT)
+    assert (draft.digest, draft.from_) == (sha256(drafters["F16"]), "mtp-tiny-F16.gguf")
+    assert config_of(store, name)["draft"]["kind"] == "draft_model"  # type: ignore[index]
+    assert f"pulling {sha256(drafters['F16'])[7:19]}" in recorder.statuses
+    assert hub.cdn.hits(sha256(projector)[7:]) == []  # never fetched
+    assert [m for m in model.manifest.layers if m.media_type.endswith("projector")] == []
+    assert store.verify(rehash=True) == []
+
+
+def test_hf_no_draft_pulls_the_weights_alone(store, hub, ggufs, drafters):
+    hub.add_repo(
+        "org/lone", {"tiny-Q8_0.gguf": ggufs["Q8_0"], "mtp-tiny-Q8_0.gguf": drafters["Q8_0"]}
+    )
+    recorder = Recorder()
+    name = pull(store, "hf.co/org/lone", recorder, no_draft=True)
+    assert store.get(parse_name(name)).manifest.layers_of(MEDIA_DRAFT) == []
+    assert "draft" not in config_of(store, name)
+    assert "not pulling the drafter mtp-tiny-Q8_0.gguf (no_draft)" in recorder.statuses
+    assert hub.cdn.hits(sha256(drafters["Q8_0"])[7:]) == []
+    assert not store.has_blob(sha256(drafters["Q8_0"]))
+
+
+@pytest.mark.parametrize("case", ["mismatched", "not a gguf"])
+def test_hf_a_sidecar_that_cannot_serve_is_left_out_with_a_warning(
+    store, hub, ggufs, drafters, case
+):
+    sidecar = drafters["mismatched"] if case == "mismatched" else b"GGUF but not really" * 50
+    hub.add_repo("org/odd", {"tiny-Q8_0.gguf": ggufs["Q8_0"], "tiny-draft-Q8_0.gguf": sidecar})
+    recorder = Recorder()
+    name = pull(store, "hf.co/org/odd", recorder)
+    assert store.get(parse_name(name)).manifest.layers_of(MEDIA_DRAFT) == []
+    (warning,) = [s for s in recorder.statuses if s.startswith("warning:")]
+    assert warning.startswith(
+        "warning: the drafter tiny-draft-Q8_0.gguf that came with the model is not used "
+        "(the model was installed without it): "
+    )
+    reason = warning.split("without it): ", 1)[1]
+    assert reason.startswith("draft 'sha256-" if case == "mismatched" else "sha256-"), reason
+    assert ("vocabulary size differs" if case == "mismatched" else "not a valid GGUF") in reason
+    assert recorder.statuses[-1] == "success", warning
+
+
+def test_hf_a_corrupt_sidecar_download_fails_the_pull(store, hub, ggufs, drafters):
+    hub.add_repo(
+        "org/bad-side",
+        {"tiny-Q8_0.gguf": ggufs["Q8_0"], "mtp-tiny-Q8_0.gguf": drafters["Q8_0"]},
+        faults={"mtp-tiny-Q8_0.gguf": Fault(corrupt_at=10)},
+    )
+    with pytest.raises(DigestMismatchError):
+        pull(store, "hf.co/org/bad-side")
+    assert store.list_models() == [] and store.verify() == []
 
 
 def test_hf_split_ggufs_are_refused_with_the_alternatives(store, hub, ggufs):

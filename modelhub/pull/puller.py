@@ -12,15 +12,20 @@ Progress objects are Ollama's (§2.1): ``pulling manifest``, ``pulling <12 hex>`
 ``digest``/``total``/``completed``, ``verifying sha256 digest``, ``writing manifest``,
 ``success``; catalog pulls add ``using source <source>`` lines and ``warning: ...`` lines
 for sources that failed.
+
+A model's drafter comes with it (a Hugging Face repo's sidecar GGUF, a registry manifest's draft
+layer) unless ``no_draft``: then the sidecar is not fetched, and a registry model is stored
+without its draft layer (and the config's ``draft`` entry), under a manifest of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from modelhub.errors import (
@@ -43,7 +48,7 @@ from modelhub.pull.sources.pypi import parse_pypi_ref, pypi_plan
 from modelhub.pull.sources.registry import RegistryClient
 from modelhub.pull.sources.urls import file_plan, is_direct_url, local_path, url_plan
 from modelhub.pull.transfers import HttpJob, obtain
-from modelhub.store import Layer, ModelName, Store, parse_name
+from modelhub.store import MEDIA_DRAFT, Layer, Manifest, ModelName, Store, parse_name
 
 # Failures that no other source can fix: stop instead of trying the next one.
 _FATAL = (RequestCancelledError, StoreError)
@@ -57,6 +62,7 @@ class _Pull:
     cancel: threading.Event | None
     policy: DownloadPolicy
     install: Installer
+    no_draft: bool = False
 
     def status(self, text: str) -> None:
         self.progress({"status": text})
@@ -72,6 +78,7 @@ def pull_model(
     cancel: threading.Event | None = None,
     catalog: Catalog | None = None,
     policy: DownloadPolicy | None = None,
+    no_draft: bool = False,
 ) -> ModelName:
     """Pull ``ref`` into ``store`` and return the name it is stored under.
 
@@ -79,12 +86,13 @@ def pull_model(
     ``NotFoundError("pull model manifest: file does not exist")``. ``cancel`` stops this pull
     (shared downloads go on while other pulls still wait for them; partials are kept).
     ``install`` writes the manifest of a model pulled as a bare GGUF (``single.Installer``).
+    ``no_draft`` leaves the model's drafter out (module docstring).
     """
     kind = check_reference(ref)
     text = ref.strip()
     policy = policy or DEFAULT_POLICY
     client = shared_client(policy, insecure=insecure)
-    pull = _Pull(store, client, progress, cancel, policy, install)
+    pull = _Pull(store, client, progress, cancel, policy, install, no_draft)
     pull.status("pulling manifest")
     name = _dispatch(pull, kind, text, catalog)
     progress({"status": "success"})
@@ -126,7 +134,7 @@ def _dispatch(pull: _Pull, kind: str, text: str, catalog: Catalog | None) -> Mod
     if kind == "hf":
         hf = parse_hf_ref(text)
         assert hf is not None
-        return _install(pull, hf_plan(pull.client, hf))
+        return _install(pull, hf_plan(pull.client, hf, with_draft=not pull.no_draft))
     if kind == "file":
         return _install(pull, file_plan(text))
     if kind == "url":
@@ -186,7 +194,7 @@ def _pull_source(pull: _Pull, entry: CatalogEntry, source: CatalogSource) -> Non
         hf = parse_hf_ref(source.ref)
         if hf is None:
             raise InvalidNameError(f"catalog source {source.ref!r} is not a hf.co reference")
-        plan = hf_plan(pull.client, hf, pin=pin, name=entry.name)
+        plan = hf_plan(pull.client, hf, pin=pin, name=entry.name, with_draft=not pull.no_draft)
     elif source.kind == "url":
         plan = url_plan(pull.client, source.ref, pin=pin, name=entry.name, filename=entry.file)
     elif source.kind == "file":
@@ -210,15 +218,21 @@ def _pull_registry(
     pull: _Pull, name: ModelName, *, target: ModelName, manifest_digest: str | None = None
 ) -> None:
     registry = RegistryClient(pull.client, name, insecure=pull.client.insecure)
-    manifest, raw = registry.fetch_manifest()
+    manifest, fetched = registry.fetch_manifest()
+    raw: bytes | None = fetched
     if manifest_digest is not None:
-        actual = "sha256:" + hashlib.sha256(raw).hexdigest()
+        actual = "sha256:" + hashlib.sha256(fetched).hexdigest()
         if actual != manifest_digest:
             raise DigestMismatchError(
                 f"the registry's manifest of {name.display} is {actual}, "
                 f"the catalog pins {manifest_digest}"
             )
     check_cancel(pull.cancel)
+    drafts = [layer for layer in manifest.layers if layer.media_type == MEDIA_DRAFT]
+    if pull.no_draft and drafts:
+        pull.status(f"not pulling the draft layer {short_hex(drafts[0].digest)} (no_draft)")
+        manifest = replace(manifest, layers=[x for x in manifest.layers if x not in drafts])
+        raw = None
     layers = [*manifest.layers, manifest.config]
     missing = {
         layer.digest: layer.size for layer in layers if not pull.store.has_blob(layer.digest)
@@ -227,10 +241,26 @@ def _pull_registry(
     for layer in layers:
         _fetch_layer(pull, registry, layer)
     pull.status("verifying sha256 digest")
+    if raw is None:
+        manifest = _without_draft_config(pull.store, manifest)
     pull.status("writing manifest")
     removed = pull.store.write_manifest(target, manifest, raw=raw)
     if removed:
         pull.status("removing unused layers")
+
+
+def _without_draft_config(store: Store, manifest: Manifest) -> Manifest:
+    """``manifest`` with a config blob that has no ``draft`` entry (its draft layer was left
+    out); unchanged when the config has none or is not a JSON object."""
+    try:
+        config = json.loads(store.read_blob_bytes(manifest.config.digest))
+    except (ModelhubError, ValueError):
+        return manifest
+    if not isinstance(config, dict) or "draft" not in config:
+        return manifest
+    del config["draft"]
+    digest, size = store.put_bytes(json.dumps(config).encode())
+    return replace(manifest, config=replace(manifest.config, digest=digest, size=size))
 
 
 def _fetch_layer(pull: _Pull, registry: RegistryClient, layer: Layer) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from modelhub.errors import DraftError, SizeMismatchError
+from modelhub.errors import InputError, SizeMismatchError
 from modelhub.pull.base import DownloadPolicy, Progress, check_cancel, short_hex
 from modelhub.pull.transfers import Job, obtain
 from modelhub.store import ModelName, Store
@@ -64,6 +64,7 @@ class SingleFilePlan:
     draft: FileToFetch | None = None
     template: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # status lines shown before any transfer
 
 
 def fetch_file(
@@ -120,7 +121,13 @@ def install_single(
     cancel: threading.Event | None,
     policy: DownloadPolicy,
 ) -> ModelName:
-    """Fetch the plan's files, then write the manifest (the model is usable after this)."""
+    """Fetch the plan's files, then write the manifest (the model is usable after this).
+
+    A draft that cannot serve the model (it fails the pairing checks, or is no usable GGUF) is
+    left out: the model is installed without it and the stream says why.
+    """
+    for note in plan.notes:
+        progress({"status": note})
     model = fetch_file(store, plan.model, progress=progress, cancel=cancel, policy=policy)
     draft = None
     if plan.draft is not None:
@@ -132,9 +139,16 @@ def install_single(
     fetched = FetchedModel(plan.name, files, drafts, plan.template, dict(plan.parameters))
     try:
         install(fetched, progress)
-    except DraftError as exc:
+    except InputError as exc:  # a DraftError, or a draft that is not a usable GGUF
         if not drafts:
             raise
-        progress({"status": f"warning: the draft file shipped with the model is not used: {exc}"})
-        install(replace(fetched, drafts={}), progress)
+        install(replace(fetched, drafts={}), progress)  # raises if the weights are at fault
+        (shown,) = drafts
+        reason = str(exc).removeprefix(f"DRAFT {shown}: ").removeprefix(f"{shown}: ")
+        progress(
+            {
+                "status": f"warning: the drafter {shown} that came with the model is not used "
+                f"(the model was installed without it): {reason}"
+            }
+        )
     return plan.name

@@ -4,9 +4,11 @@ The repo's file list (with the sha256 and size Hugging Face records for LFS file
 from ``$HF_ENDPOINT/api/models/<repo>?blobs=true``; the quant tag picks a GGUF by name, with
 a default order when no tag is given. Files are fetched from ``/<repo>/resolve/<commit>/``
 so that every part of one pull comes from the same commit. ``HF_TOKEN`` is sent to the
-endpoint's origin only, never to the CDN it redirects to. A GGUF beside the weights that is
-an MTP drafter or draft model (in an ``MTP/`` folder, or named ``mtp-*``, ``*assistant*``,
-``*draft*``) is pulled too and attached as the model's draft.
+endpoint's origin only, never to the CDN it redirects to.
+
+A drafter the repo ships beside the weights (a "sidecar", recognised by the names repos give
+them: see :func:`draft_rank`) is pulled too, unless the caller says not to, and attached as the
+model's draft. A projector (``mmproj-*``) or an importance matrix is neither weights nor draft.
 """
 
 from __future__ import annotations
@@ -36,7 +38,17 @@ DEFAULT_QUANTS = ("Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "Q5_K_M", "Q6_K", "Q8_0", 
 _REPO_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _QUANT = re.compile(r"(?<![A-Za-z0-9])((?:I?Q\d[A-Z0-9_]*?|F16|BF16|F32))(?=[.-]|\.gguf$)", re.I)
-_DRAFT_NAME = re.compile(r"(^|/)(mtp)/|(^|/)mtp[-_.]|assistant|draft", re.IGNORECASE)
+# Sidecar drafters by name, in the order one is chosen when a repo has several kinds (llama.cpp
+# prefers MTP, then DFlash, then EAGLE-3; a Gemma 4 assistant is an MTP drafter; a plain draft
+# model comes last). Matched on the path in the repo, ignoring case.
+_DRAFT_NAMES = (
+    re.compile(r"(^|/)mtp[-_./]", re.IGNORECASE),  # mtp-*.gguf, MTP/*.gguf (not *-MTP-*: heads)
+    re.compile(r"assistant", re.IGNORECASE),  # gemma-4-*-assistant-*.gguf
+    re.compile(r"dflash", re.IGNORECASE),  # dflash-*.gguf, *-DFlash-*.gguf
+    re.compile(r"eagle-?3", re.IGNORECASE),  # eagle3-*.gguf, *-EAGLE3-*.gguf
+    re.compile(r"(?<![a-z0-9])draft", re.IGNORECASE),  # *-draft-*.gguf, draft-*.gguf
+)
+_NOT_A_MODEL = re.compile(r"mmproj|imatrix", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -134,13 +146,45 @@ def quant_of(path: str) -> str | None:
     return match.group(1).upper() if match else None
 
 
+def draft_rank(path: str) -> int | None:
+    """Which kind of sidecar drafter a repo file is by its name (lower ranks are preferred), or
+    None for anything else."""
+    if not path.lower().endswith(".gguf") or _NOT_A_MODEL.search(path):
+        return None
+    return next((rank for rank, name in enumerate(_DRAFT_NAMES) if name.search(path)), None)
+
+
+def choose_draft(drafts: list[RepoFile], quant: str | None) -> RepoFile | None:
+    """The sidecar to attach to weights of ``quant``: of the preferred kind, the file of that
+    quant, else one that names no quant, else the first in :data:`DEFAULT_QUANTS` order."""
+    ranks = {d.path: rank for d in drafts if (rank := draft_rank(d.path)) is not None}
+    usable = [d for d in drafts if d.path in ranks and not _SPLIT.search(d.path)]
+    if not usable:
+        return None
+    best = min(ranks[d.path] for d in usable)
+    candidates = [d for d in usable if ranks[d.path] == best]
+
+    def preference(file: RepoFile) -> tuple[int, str]:
+        own = quant_of(file.path)
+        if own == quant:
+            return 0, file.path
+        if own is None:
+            return 1, file.path
+        order = DEFAULT_QUANTS.index(own) if own in DEFAULT_QUANTS else len(DEFAULT_QUANTS)
+        return 2 + order, file.path
+
+    return min(candidates, key=preference)
+
+
 def choose_files(
     files: list[RepoFile], quant: str | None, repo: str
 ) -> tuple[RepoFile, RepoFile | None]:
-    """The GGUF for ``quant`` (or the default one) and a sibling draft, if the repo has one."""
+    """The GGUF for ``quant`` (or the default one) and a sidecar drafter, if the repo has one."""
     ggufs = [f for f in files if f.path.lower().endswith(".gguf")]
-    drafts = [f for f in ggufs if _DRAFT_NAME.search(f.path)]
-    weights = [f for f in ggufs if f not in drafts and "mmproj" not in f.path.lower()]
+    drafts = [f for f in ggufs if draft_rank(f.path) is not None]
+    weights = [f for f in ggufs if f not in drafts and not _NOT_A_MODEL.search(f.path)]
+    if not weights and drafts:  # a repo of drafters only: pulled as a model of its own
+        weights, drafts = drafts, []
     if not weights:
         raise NotFoundError(f"hf.co/{repo}: the repository has no GGUF model files")
     available = sorted({q for q in map(quant_of, (w.path for w in weights)) if q})
@@ -167,11 +211,7 @@ def choose_files(
             f"files ({os.path.basename(first.path)}, ...); split GGUFs are not supported yet, "
             f"choose another quant (available: {', '.join(available)})"
         )
-    draft = None
-    if drafts:
-        same = [d for d in drafts if quant_of(d.path) == quant_of(first.path)]
-        draft = sorted(same or drafts, key=lambda f: f.path)[0]
-    return first, draft
+    return first, choose_draft(drafts, quant_of(first.path))
 
 
 def hf_plan(
@@ -180,10 +220,16 @@ def hf_plan(
     *,
     pin: tuple[str, int] | None = None,
     name: ModelName | None = None,
+    with_draft: bool = True,
 ) -> SingleFilePlan:
-    """Resolve a HF reference to the files to fetch (checked against ``pin`` if given)."""
+    """Resolve a HF reference to the files to fetch (checked against ``pin`` if given); the
+    sidecar drafter is left out when not ``with_draft``."""
     revision, files = list_repo(client, ref.repo)
     weights, draft = choose_files(files, ref.quant, ref.repo)
+    notes = []
+    if draft is not None and not with_draft:
+        notes.append(f"not pulling the drafter {draft.path} (no_draft)")
+        draft = None
     if pin is not None and weights.sha256 not in (None, pin[0]):
         raise SourceUnavailableError(
             f"hf.co/{ref.repo}: {weights.path} has sha256 {weights.sha256}, "
@@ -194,6 +240,7 @@ def hf_plan(
         name=name or ref.name,
         model=model,
         draft=_fetch(client, ref.repo, revision, draft, None) if draft else None,
+        notes=notes,
     )
 
 
