@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 from fixtures.synthetic import write_tiny_llama
+from fixtures.synthetic_drafters import write_tiny_gemma4, write_tiny_gemma4_assistant
 
 from devtools.daemons import start_daemon
-from devtools.pullservers import MEDIA_MODEL, Fault, RegistryServer, sha256
+from devtools.pullservers import MEDIA_MODEL, Fault, FileServer, HFServer, RegistryServer, sha256
 from modelhub.pull import partial_downloads
 from modelhub.store import Store
 
@@ -58,6 +59,47 @@ def test_api_pull_streams_ollama_progress_and_the_cli_shows_success(fresh_daemon
         result = fresh_daemon.cli("pull", "--insecure", f"{registry.host}/library/other:v1")
         assert result.returncode == 0, result.stderr
         assert "success" in result.stdout
+
+
+def test_a_hugging_face_pull_brings_the_sidecar_drafter_unless_no_draft(tmp_path: Path):
+    """A Gemma 4 repo with its assistant drafter and a projector: the drafter is attached (show
+    lists it), the projector is not taken for one, and `pull --no-draft` leaves the drafter."""
+    target = write_tiny_gemma4(tmp_path / "target.gguf")
+    assistant = write_tiny_gemma4_assistant(tmp_path / "assistant.gguf", target)
+    files = {
+        "gemma-4-tiny-it-Q8_0.gguf": target.read_bytes(),
+        "gemma-4-tiny-it-assistant-Q8_0.gguf": assistant.read_bytes(),
+        "mmproj-gemma-4-tiny-it-F16.gguf": write_tiny_llama(tmp_path / "p.gguf").read_bytes(),
+    }
+    with FileServer() as cdn, HFServer(cdn) as hub:
+        hub.add_repo("org/gemma-4-tiny-it-GGUF", files)
+        daemon = start_daemon(
+            tmp_path / "models", tmp_path / "daemon.log", {"HF_ENDPOINT": hub.url}
+        )
+        try:
+            lines = stream_pull(daemon.url, {"model": "hf.co/org/gemma-4-tiny-it-GGUF:Q8_0"})
+            assert lines[-1] == {"status": "success"}
+            with daemon.client() as client:
+                shown = client.post(
+                    "/api/show", json={"model": "hf.co/org/gemma-4-tiny-it-GGUF:Q8_0"}
+                ).json()
+            assert shown["draft"]["from"] == "gemma-4-tiny-it-assistant-Q8_0.gguf"
+            assert shown["draft"]["digest"] == sha256(files["gemma-4-tiny-it-assistant-Q8_0.gguf"])
+            assert shown["draft"]["kind"] == "mtp_drafter"
+            show = daemon.cli("show", "hf.co/org/gemma-4-tiny-it-GGUF:Q8_0")
+            assert show.returncode == 0 and "mtp_drafter" in show.stdout, show.stdout
+            assert cdn.hits(sha256(files["mmproj-gemma-4-tiny-it-F16.gguf"])[7:]) == []
+
+            result = daemon.cli("pull", "--no-draft", "hf.co/org/gemma-4-tiny-it-GGUF")
+            assert result.returncode == 0, result.stderr
+            assert "not pulling the drafter gemma-4-tiny-it-assistant-Q8_0.gguf" in result.stdout
+            with daemon.client() as client:
+                plain = client.post(
+                    "/api/show", json={"model": "hf.co/org/gemma-4-tiny-it-GGUF"}
+                ).json()
+            assert "draft" not in plain and "draft" not in plain["details"]
+        finally:
+            daemon.stop()
 
 
 def test_a_daemon_killed_mid_pull_resumes_after_restart(tmp_path: Path):

@@ -98,10 +98,17 @@ def layer_label(status: str, digest: str) -> str:
 
 
 def pull_model(
-    client: Client, model: str, *, insecure: bool = False, console: Console | None = None
+    client: Client,
+    model: str,
+    *,
+    insecure: bool = False,
+    no_draft: bool = False,
+    console: Console | None = None,
 ) -> None:
     """Pull ``model`` through the daemon, showing progress; raises on the first error."""
-    body = {"model": model, "insecure": insecure, "stream": True}
+    body: dict[str, Any] = {"model": model, "insecure": insecure, "stream": True}
+    if no_draft:
+        body["no_draft"] = True
     with PullDisplay(console) as display:
         for item in client.stream("POST", "/api/pull", body):
             display.item(item)
@@ -110,13 +117,19 @@ def pull_model(
 @click.command("pull")
 @click.argument("model")
 @click.option("--insecure", is_flag=True, help="Allow plain HTTP (a private registry).")
-def pull(model: str, insecure: bool) -> None:
+@click.option(
+    "--no-draft",
+    is_flag=True,
+    help="Leave out the model's drafter (a Hugging Face sidecar, a registry draft layer).",
+)
+def pull(model: str, insecure: bool, no_draft: bool) -> None:
     """Pull MODEL from a registry, Hugging Face, a URL or the catalog.
 
     Each layer gets a progress bar with its size, speed and time left; the command ends with
-    `success`. Layers the store already has are not downloaded again.
+    `success`. Layers the store already has are not downloaded again. A drafter that comes
+    with the model (for speculative decoding) is pulled too, unless --no-draft.
     """
-    pull_model(connect(), model, insecure=insecure)
+    pull_model(connect(), model, insecure=insecure, no_draft=no_draft)
 
 
 # -- prune --------------------------------------------------------------------------------------

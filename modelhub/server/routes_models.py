@@ -24,6 +24,7 @@ from modelhub.library.views import ModelView
 from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
 from modelhub.runtime.planning import DEFAULT_DRAFT_LEN
 from modelhub.server import schemas
+from modelhub.server.drafting_view import drafting_payload
 from modelhub.server.lookup import find_model
 from modelhub.server.requests import field, model_field, read_json, str_map
 from modelhub.server.state import ServerState, get_state
@@ -143,6 +144,8 @@ async def show(request: Request) -> Response:
     system = field(data, "system", str, "")
     options = field(data, "options", dict, {})
     payload = show_payload(view, verbose, system or None, options)
+    if view.model_layer is not None:
+        payload["drafting"] = await drafting_payload(state, view)
     for loaded in state.scheduler.snapshot():  # loaded now: where llama.cpp placed it
         if loaded.spec.digest == view.stored.digest:
             placement = loaded.info.get("placement") or {}
@@ -285,6 +288,7 @@ async def pull(request: Request) -> Response:
     data = await read_json(request)
     ref = model_field(data)
     insecure = field(data, "insecure", bool, False)
+    no_draft = field(data, "no_draft", bool, False)
     stream = field(data, "stream", bool, True)
     cancel = threading.Event()
 
@@ -293,6 +297,7 @@ async def pull(request: Request) -> Response:
             state.store,
             ref,
             insecure=insecure,
+            no_draft=no_draft,
             progress=emit,
             install=installer(state.store),
             cancel=cancel,

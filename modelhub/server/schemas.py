@@ -74,7 +74,7 @@ EMBEDDINGS = _body(["model"], model=_STR, prompt=_STR, options=_OBJ, keep_alive=
 SHOW = _body(["model"], model=_STR, verbose=_BOOL, system=_STR, options=_OBJ)
 DELETE = _body(["model"], model=_STR)
 COPY = _body(["source", "destination"], source=_STR, destination=_STR)
-PULL = _body(["model"], model=_STR, insecure=_BOOL, stream=_BOOL)
+PULL = _body(["model"], model=_STR, insecure=_BOOL, no_draft=_BOOL, stream=_BOOL)
 CREATE = _body(
     ["model"],
     model=_STR,
