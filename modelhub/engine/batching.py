@@ -164,7 +164,7 @@ class BatchLoop:
         decoding = [g for g in self.active if g.phase == "decode"]
         per_request = max(1, n_batch // max(1, len(decoding)))
         for gen in decoding:
-            rows = self._guard(gen, gen.plan_round, per_request)
+            rows = self._guard(gen, gen.plan_round, per_request, len(decoding))
             if not rows:
                 continue
             assert gen.slot is not None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from modelhub.engine.batching import BatchLoop
 from modelhub.engine.cpu import RepackDecision, inject_fault, repack_default
+from modelhub.engine.drafting_state import DraftingMemory
 from modelhub.engine.embeddings import embed_texts, embedding_context
 from modelhub.engine.grammar import GrammarConstraint
 from modelhub.engine.llama import (
@@ -36,6 +37,8 @@ from modelhub.engine.llama import (
 )
 from modelhub.engine.offload import placement, plan_offload
 from modelhub.engine.options import (
+    DRAFT_AUTO,
+    DRAFT_OFF,
     DoneReason,
     EngineConfig,
     GenerateOptions,
@@ -49,13 +52,18 @@ from modelhub.engine.sampling import Sampler
 from modelhub.engine.sequence import Generation, OnDone, Slot
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.choice import Member
 from modelhub.engine.speculative.draft_model import DraftModelDrafter
 from modelhub.engine.speculative.factory import (
     Closable,
+    draft_sources,
+    install_ngram_pool,
     make_drafter,
     ngram_drafter,
+    ngram_pool,
     prediction_drafter,
 )
+from modelhub.engine.speculative.ngram import NgramPool
 from modelhub.engine.textstream import Committer
 from modelhub.errors import DraftError, InputError
 
@@ -85,7 +93,8 @@ class Engine:
             # A caller's drafter object is one sequence's state.
             log.info("num_parallel %d -> 1: a drafter given by the caller", self.n_parallel)
             self.n_parallel = 1
-        want_mtp = cfg.draft_kind == "mtp" and cfg.draft_num_predict > 0 and not cfg.draft_path
+        self.sources, self.default_drafters = draft_sources(cfg, drafter)
+        want_mtp = any(src.kind == "mtp" and src.path is None for src in self.sources)
         self.repack = (
             RepackDecision(cfg.repack, "set by the daemon")
             if cfg.repack is not None
@@ -120,10 +129,11 @@ class Engine:
             log.info("head size %d: F16 KV cache", self.model.head_size_k())
             self.kv_cache_type = "f16"
         recurrent = self.model.is_recurrent or self.model.is_hybrid
-        wants_draft = cfg.draft_kind != "none" or drafter is not None
+        wants_draft = bool(self.sources) or drafter is not None
         snapshots = 0
         if recurrent and wants_draft and cfg.recurrent_rollback == "auto":
-            snapshots = min(MAX_SNAPSHOTS, cfg.draft_num_predict)
+            bound = max([cfg.draft_num_predict, *(src.max_k for src in self.sources)])
+            snapshots = min(MAX_SNAPSHOTS, bound)
         try:
             for path in cfg.adapter_paths:  # the model's ADAPTER: the target's contexts apply it
                 self.model.load_adapter(Path(path))
@@ -160,41 +170,70 @@ class Engine:
                 f"external MTP drafter files other than MTP-only GGUFs and Gemma 4 assistants "
                 f"({Path(cfg.draft_path).name}) are not supported by this engine yet"
             )
-        self.drafter: Drafter | None = drafter if self.drafting_disabled is None else None
-        if self.drafting_disabled is not None:
-            if cfg.draft_kind != "none" or drafter is not None:
-                log.warning("drafting disabled: %s", self.drafting_disabled)
-        elif drafter is None:
-            try:
-                self.drafter = make_drafter(
-                    cfg, self.model, self.ctx, self.n_threads, self.offload.draft(self.repack)
-                )
-            except BaseException:
-                self.close()
-                raise
-        self._controllers: dict[str, AdaptiveDraftLength] = {}
-        self.slots = [Slot(0, self.drafter)]
+            log.warning("drafting disabled: %s", self.drafting_disabled)
+            self.sources = [src for src in self.sources if src.path != cfg.draft_path]
+            names = {src.name for src in self.sources}
+            self.default_drafters = [n for n in self.default_drafters if n in names]
+        self.learned = DraftingMemory(cfg.state_dir, self._conditions())
+        self._controllers: dict[tuple[str, str, int], AdaptiveDraftLength] = {}
+        self.slots: list[Slot] = []
+        try:
+            self.slots.append(Slot(0, self._load_drafters(drafter), len(self.default_drafters)))
+        except BaseException:
+            self.close()
+            raise
+        self.drafter: Drafter | None = self.slots[0].drafter
         self._loop = BatchLoop(self, self.slots)
         try:
-            self.slots += [Slot(i, self._slot_drafter()) for i in range(1, self.n_parallel)]
+            defaults = len(self.default_drafters)
+            self.slots += [
+                Slot(i, self._fork_drafters(), defaults) for i in range(1, self.n_parallel)
+            ]
             self._loop.call(self._warm_up)  # on the thread that will decode (see batching)
         except BaseException:
             self.close()
             raise
 
-    def _slot_drafter(self) -> Drafter | None:
-        """Another sequence's instance of the model's drafter: n-grams share the model's pool,
-        a draft model its weights, MTP its heads (each sequence has a draft context of its
-        own)."""
-        if self.drafter is None:
-            return None
-        fork = getattr(self.drafter, "fork", None)  # draft model, MTP, EAGLE-3, DFlash
-        if callable(fork):
-            forked: Drafter = fork()
-            return forked
-        if self.drafter.kind == "ngram":
-            return ngram_drafter(self.model.path)
-        raise DraftError(f"{self.drafter.kind} drafting serves one sequence at a time")
+    def _load_drafters(self, given: Drafter | None) -> list[Member]:
+        """Sequence 0's drafters: the caller's, or one per source (the default first)."""
+        if given is not None:
+            return [Member(given.kind, given, self.cfg.draft_num_predict)]
+        saved = self.learned.load_ngram_pool(self.cfg.ngram_persist)
+        if saved is not None:
+            install_ngram_pool(self.model.path, saved)
+        members = []
+        for src in self.sources:
+            drafter = make_drafter(
+                self.cfg, self.model, self.ctx, self.n_threads, self.offload.draft(self.repack), src
+            )
+            if drafter is not None:
+                members.append(Member(src.name, drafter, src.max_k))
+        return members
+
+    def _fork_drafters(self) -> list[Member]:
+        """Another sequence's instances of the model's drafters: n-grams share the model's
+        pool, a draft model its weights, MTP its heads (each sequence has a draft context of
+        its own)."""
+        members = []
+        for member in self.slots[0].members:
+            fork = getattr(member.drafter, "fork", None)  # draft model, MTP, EAGLE-3, DFlash
+            if callable(fork):
+                members.append(Member(member.name, fork(), member.max_k))
+            elif member.drafter.kind == "ngram":
+                members.append(Member(member.name, ngram_drafter(self.model.path), member.max_k))
+            else:
+                raise DraftError(f"{member.drafter.kind} drafting serves one sequence at a time")
+        return members
+
+    def _conditions(self) -> dict[str, object]:
+        """What the measured costs depend on besides the model: restored only where they match."""
+        return {
+            "n_threads": self.n_threads,
+            "n_parallel": self.n_parallel,
+            "kv_cache_type": self.kv_cache_type,
+            "n_gpu_layers": self.offload.n_gpu_layers,
+            "flash_attn": self.cfg.flash_attn,
+        }
 
     def _warm_up(self) -> None:
         """Run one small batch through every loaded model, so that a CPU fault in ggml's
@@ -203,8 +242,9 @@ class Engine:
         kernels (ggml's AMX code takes a vector path below 5 rows)."""
         inject_fault(self.repack.enabled)
         contexts = [self.ctx]
-        if isinstance(self.drafter, DraftModelDrafter):
-            contexts.append(self.drafter.ctx)
+        for member in self.slots[0].members:
+            if isinstance(member.drafter, DraftModelDrafter):
+                contexts.append(member.drafter.ctx)
         for ctx in contexts:
             token = ctx.model.bos if ctx.model.bos >= 0 else 0
             ctx.decode([token] * min(16, ctx.n_batch, ctx.n_ctx), 0, "last")
@@ -292,40 +332,71 @@ class Engine:
         """(running, waiting) requests."""
         return self._loop.counts
 
-    def request_drafter(
+    def request_drafters(
         self, slot: Slot, options: GenerateOptions, prediction: list[int] | None
-    ) -> tuple[Drafter | None, int]:
-        """The drafter and its K bound for a request in ``slot`` (None: plain decoding)."""
-        if self.drafting_disabled is not None:
-            return None, 0
-        k_max = self.cfg.draft_num_predict
+    ) -> tuple[list[Member], int]:
+        """The drafters and the K bound of a request in ``slot`` (none: plain decoding)."""
+        k_max = self.cfg.draft_num_predict if self.cfg.draft_kind != "auto" else 0
+        k_max = max([k_max, *(m.max_k for m in slot.members)])
         if options.draft_num_predict is not None:
             k_max = options.draft_num_predict
         k_max = min(k_max, self.ctx.n_batch - 1)
-        if k_max <= 0:
-            return None, 0
+        if k_max <= 0 or options.draft == DRAFT_OFF:
+            return [], 0
         if prediction:
-            return prediction_drafter(prediction, self._ngram(slot)), k_max
-        return slot.drafter, k_max
+            drafter = prediction_drafter(prediction, self._ngram(slot))
+            return [Member("prediction", drafter, k_max)], k_max
+        if options.draft in (None, DRAFT_AUTO):
+            chosen = [m for m in slot.members if m.name in self.default_drafters]
+        else:
+            chosen = [m for m in slot.members if m.name == options.draft]
+            if not chosen:
+                names = ", ".join(m.name for m in slot.members) or "none"
+                raise InputError(
+                    f"draft {options.draft!r} is not one of this model's drafters ({names}); "
+                    "use auto, off or one of those"
+                )
+        return [Member(m.name, m.drafter, min(m.max_k, k_max)) for m in chosen], k_max
 
     def _ngram(self, slot: Slot) -> Drafter:
-        """The slot's n-gram drafter: the configured one, or one made for prediction requests
+        """The slot's n-gram drafter: one of its drafters, or one made for prediction requests
         (kept, with what it learned, for the next)."""
-        if slot.drafter is not None and slot.drafter.kind == "ngram":
-            return slot.drafter
+        for member in slot.members:
+            if member.drafter.kind == "ngram":
+                return member.drafter
         if slot.ngram is None:
             slot.ngram = ngram_drafter(self.model.path)
         return slot.ngram
 
-    def controller(self, kind: str, k_max: int) -> AdaptiveDraftLength:
-        """One controller per drafter kind, kept across requests and shared by the slots: the
-        costs it measures are those of the batches the requests run in."""
-        ctl = self._controllers.get(kind)
+    def controller(self, name: str, klass: str, load: int, k_max: int) -> AdaptiveDraftLength:
+        """One controller per drafter, kind of request and batch load, kept across requests
+        (and, with a state directory, across loads) and shared by the slots: the costs it
+        measures are those of the batches the requests run in; the verify costs are shared by
+        the drafters of the same kind of request and load."""
+        key = (name, klass, load)
+        ctl = self._controllers.get(key)
         if ctl is None:
-            ctl = AdaptiveDraftLength(k_max, adaptive=self.cfg.adaptive)
-            self._controllers[kind] = ctl
+            costs = self.learned.verify_costs(klass, load)
+            ctl = AdaptiveDraftLength(k_max, verify=costs, adaptive=self.cfg.adaptive)
+            self.learned.restore(ctl, key)
+            self._controllers[key] = ctl
         ctl.max_k = k_max
         return ctl
+
+    def finished(self, result: GenerateResult) -> None:
+        """A request ended (on the batch thread): count it, and now and then keep what was
+        learned."""
+        self.learned.count_request(result)
+        self.learned.maybe_save(self._controllers, self._pool_to_keep())
+
+    def _pool_to_keep(self) -> NgramPool | None:
+        if not self.cfg.ngram_persist:
+            return None
+        return ngram_pool(self.model.path) if self.slots and self.slots[0].members else None
+
+    def drafting_report(self) -> dict[str, object]:
+        """What drafting learned so far (``show`` and ``ps`` print it)."""
+        return self.learned.report(self._controllers, [src.name for src in self.sources])
 
     def check_prompt_size(self, text: str, already: int = 0) -> None:
         """Refuse, before tokenizing, a prompt that cannot fit whatever its tokens are: one
@@ -367,12 +438,14 @@ class Engine:
         loop = getattr(self, "_loop", None)
         if loop is not None:
             loop.close()
+        learned = getattr(self, "learned", None)
+        if learned is not None and getattr(self, "slots", None):
+            learned.save(self._controllers, self._pool_to_keep())
         for slot in reversed(getattr(self, "slots", [])):  # forks before the drafter they share
-            if isinstance(slot.drafter, Closable):
-                slot.drafter.close()
-            slot.drafter = None
-        if isinstance(self.drafter, Closable) and not getattr(self, "slots", None):
-            self.drafter.close()
+            for member in slot.members:
+                if isinstance(member.drafter, Closable):
+                    member.drafter.close()
+            slot.members = []
         self.drafter = None
         if self._embed_ctx is not None:
             self._embed_ctx.close()

@@ -15,8 +15,22 @@ from modelhub.engine.sampling import SamplingParams
 from modelhub.engine.speculative.verify import AcceptanceRule, rejection_step
 from modelhub.errors import InputError
 
-DraftKind = Literal["none", "draft_model", "mtp", "ngram", "eagle3", "dflash"]
+DraftKind = Literal["none", "auto", "draft_model", "mtp", "ngram", "eagle3", "dflash"]
 DoneReason = Literal["stop", "length", "cancel"]
+# ``GenerateOptions.draft`` values other than a drafter's name.
+DRAFT_AUTO, DRAFT_OFF = "auto", "off"
+
+
+@dataclass(frozen=True)
+class DraftSource:
+    """A drafter an engine loads besides the configured one: ``name`` is what a request's
+    ``draft`` option and ``show`` call it, ``kind`` an engine drafter kind, ``path`` its GGUF
+    (None for the target's own MTP heads and for n-gram), ``max_k`` its bound on guesses."""
+
+    name: str
+    kind: DraftKind
+    path: Path | None = None
+    max_k: int = 4
 
 
 @dataclass
@@ -55,6 +69,10 @@ class EngineConfig:
     n_threads: int = 0
     draft_kind: DraftKind = "none"
     draft_path: Path | None = None
+    draft_name: str = ""
+    draft_candidates: list[DraftSource] = field(default_factory=list)
+    state_dir: Path | None = None
+    ngram_persist: bool = True
     draft_num_predict: int = 4
     draft_min: int = 0
     draft_p_min: float = 0.0
@@ -91,6 +109,8 @@ class GenerateOptions(SamplingParams):
     drafter or none), ``"compare"`` (sample the target, accept while it equals the draft:
     llama.cpp's rule, kept for benchmarks); ``"auto"``: coupled when a seed is given, else
     rejection.
+    ``draft`` picks this request's drafter: None or ``"auto"`` the model's default, ``"off"``
+    none, else the name of one of the engine's drafters (``EngineConfig.draft_candidates``).
     ``top_logprobs``: None returns no log-probabilities; n >= 0 gives every emitted token its
     log-probability and the n most likely alternatives (``Sampler.log_distribution``).
     ``shift`` (Ollama's request field): when the context fills, keep the first ``num_keep``
@@ -105,6 +125,7 @@ class GenerateOptions(SamplingParams):
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None
     draft_num_predict: int | None = None
+    draft: str | None = None
     acceptance_rule: AcceptanceRule = rejection_step
     sampling_verify: Literal["auto", "rejection", "coupled", "compare"] = "auto"
     top_logprobs: int | None = None
@@ -142,7 +163,11 @@ class GenerateResult:
     text cut before any stop string. ``prompt_eval_count`` counts the prompt tokens actually
     evaluated (a prefix reused from the previous request is not); durations are nanoseconds.
     Draft statistics follow SPEC-09: ``draft_count`` tokens proposed, ``draft_accepted_count``
-    of them kept (bonus tokens excluded), ``draft_steps`` rounds that verified drafts.
+    of them kept (bonus tokens excluded), ``draft_steps`` rounds that verified drafts;
+    ``draft_count_by_position[i]`` rounds that verified a draft at position i + 1, of which
+    ``draft_accepted_by_position[i]`` kept it. ``drafter`` is the kind and ``drafter_name`` the
+    name of the drafter that guessed the most; ``plain_estimate_ns`` the time the controllers
+    predict plain decoding would have taken for the same tokens (0: no estimate).
     """
 
     tokens: list[int]
@@ -158,6 +183,10 @@ class GenerateResult:
     draft_time_ns: int = 0
     verify_time_ns: int = 0
     drafter: str | None = None
+    drafter_name: str | None = None
+    draft_count_by_position: list[int] = field(default_factory=list)
+    draft_accepted_by_position: list[int] = field(default_factory=list)
+    plain_estimate_ns: int = 0
 
     @property
     def acceptance(self) -> float:
@@ -185,7 +214,7 @@ def validate_config(cfg: EngineConfig) -> None:
         raise InputError(f"num_batch={cfg.n_batch} must be at least 1")
     if cfg.draft_num_predict < 0:
         raise InputError("draft_num_predict must be 0 (off) or positive")
-    if cfg.draft_kind != "none" and cfg.draft_num_predict + 1 > cfg.n_batch:
+    if cfg.draft_kind not in ("none", "auto") and cfg.draft_num_predict + 1 > cfg.n_batch:
         raise InputError(
             f"draft_num_predict={cfg.draft_num_predict} needs num_batch >= "
             f"{cfg.draft_num_predict + 1} (the pending token plus every draft in one batch); "

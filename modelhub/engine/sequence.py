@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
+from modelhub.engine.drafting import RequestDrafting
 from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult, TokenLogprob
 from modelhub.engine.rollback import RecurrentState
-from modelhub.engine.sampling import Sampler, TokenConstraint
+from modelhub.engine.sampling import Sampler
 from modelhub.engine.shift import follow_shift, keep_count, shift_sequence
-from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
-from modelhub.engine.speculative.base import Drafter, ProbabilityFn
+from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.choice import Member, load_bucket
 from modelhub.engine.speculative.draft_model import common_prefix
-from modelhub.engine.speculative.factory import Preparing, Seeded, TargetObserver
+from modelhub.engine.speculative.factory import TargetObserver
 from modelhub.engine.textstream import Committer
 from modelhub.errors import ModelhubError
 
@@ -42,15 +43,26 @@ OnDone = Callable[[GenerateResult | None, BaseException | None], None]
 
 @dataclass
 class Slot:
-    """One of a runner's sequences: its KV sequence id, what that holds, and its drafter."""
+    """One of a runner's sequences: its KV sequence id, what that holds, and its drafters (the
+    model's default first; each sequence has instances of its own)."""
 
     seq: int
-    drafter: Drafter | None
+    members: list[Member] = field(default_factory=list)
+    defaults: int = 0  # the first ``defaults`` members are the ones a request uses by default
     cached: list[int] = field(default_factory=list)  # exactly the tokens in its KV sequence
     ngram: Drafter | None = None  # drafts where a prediction has nothing (made on first use)
     last_used: float = 0.0
     busy: bool = False
     recurrent: RecurrentState = field(default_factory=RecurrentState)  # see ``rollback``
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """The model's default drafter in this sequence (None: it has none)."""
+        return self.members[0].drafter if self.defaults else None
+
+    def observers(self) -> list[TargetObserver]:
+        """The drafters that follow every target decode (MTP heads, EAGLE-3, DFlash)."""
+        return [m.drafter for m in self.members if isinstance(m.drafter, TargetObserver)]
 
     def reset(self) -> None:
         """The sequence was cleared: nothing of it is cached any more."""
@@ -80,19 +92,13 @@ class Generation:
         self.on_done = on_done
         self.phase: Phase = "waiting"
         self.slot: Slot | None = None
-        self.drafter: Drafter | None = None
-        self.controller: AdaptiveDraftLength | None = None
+        self.drafting: RequestDrafting | None = None
         self.k_max = 0
         self.tokens: list[int] = []  # accepted tokens, the pending one last
         self.next_pos = 0  # the next prompt position to prefill
         self.reused = 0
         self.t_start = self.t_prefilled = 0
         self.result: GenerateResult | None = None
-        # The round in flight: its rows and timings.
-        self._drafts: list[int] = []
-        self._q: npt.NDArray[np.float32] | None = None
-        self._k = 0
-        self._t_round = self._t_prep = self._t_drafted = 0
         self._checkpoint_ns = 0  # saving the recurrent state before this round's batch
         self.replay_ns = 0  # re-evaluating the last round's accepted tokens (batch loop)
 
@@ -105,16 +111,23 @@ class Generation:
         """Take ``slot``: keep the prefix its cache shares with the prompt, drop the rest."""
         engine, self.slot = self.engine, slot
         slot.busy = True
-        self.drafter, self.k_max = engine.request_drafter(slot, self.options, self.prediction)
+        members, self.k_max = engine.request_drafters(slot, self.options, self.prediction)
+        if members:
+            self.drafting = RequestDrafting(
+                members, engine.controller, self.sampler, self.options, engine.cfg.draft_min
+            )
         prompt = self.prompt
         reuse = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
         reuse = engine.rollback.reuse(slot.seq, slot.cached, slot.recurrent, reuse)
-        if isinstance(slot.drafter, TargetObserver):
-            resume = slot.drafter.rollback(reuse)
+        followed = []  # (observer, the position it follows from)
+        for observer in slot.observers():
+            resume = min(observer.rollback(reuse), reuse)
             if resume < reuse:  # it needs hidden states from earlier positions: replay them
                 reuse = engine.rollback.reuse(slot.seq, slot.cached, slot.recurrent, resume)
-                if reuse < resume:  # a recurrent target went back further (a checkpoint)
-                    slot.drafter.rollback(reuse)
+            followed.append((observer, resume))
+        for observer, position in followed:
+            if reuse < position:  # the target went back further (a checkpoint, another observer)
+                observer.rollback(reuse)
         self.reused = self.next_pos = reuse
         self.t_start = time.perf_counter_ns()
         self.phase = "prefill"
@@ -139,8 +152,8 @@ class Generation:
         self.next_pos += len(chunk)
         if self.next_pos == len(self.prompt) - 1:  # where the next turn's prompt may diverge
             self.engine.rollback.keep_prompt(self.slot.seq, self.slot.recurrent, self.next_pos)
-        if isinstance(self.slot.drafter, TargetObserver):
-            self.slot.drafter.observe_target(chunk, start, row - len(chunk) + 1)
+        for observer in self.slot.observers():
+            observer.observe_target(chunk, start, row - len(chunk) + 1)
         if self.next_pos < len(self.prompt):
             return
         self.t_prefilled = time.perf_counter_ns()
@@ -155,13 +168,8 @@ class Generation:
         logprob = self._logprob(logits(row), self.prompt, first)
         self.sampler.accept(first)
         self.tokens = [*self.prompt, first]
-        drafter = self.drafter
-        if drafter is not None:
-            if isinstance(drafter, Seeded):
-                seed = self.options.seed
-                drafter.reseed(None if seed is None or seed < 0 else seed + 1)
-            drafter.begin(self.prompt)
-            self.controller = self.engine.controller(drafter.kind, self.k_max)
+        if self.drafting is not None:
+            self.drafting.begin(self.prompt, self.options.seed)
         self.phase = "decode"
         if not self.committer.commit(first, drafted=False, logprob=logprob):
             self.finish(self.committer.done or "stop")
@@ -177,13 +185,14 @@ class Generation:
             prompt_eval_duration_ns=now - (self.t_start or now),
             eval_count=0,
             eval_duration_ns=0,
-            drafter=self.drafter.kind if self.drafter is not None else None,
+            drafter=self.drafting.members[0].drafter.kind if self.drafting else None,
         )
 
     # ---- rounds --------------------------------------------------------------------------------
-    def plan_round(self, max_rows: int) -> list[int] | None:
-        """The rows of this round, ``[pending, drafts...]`` (at most ``max_rows``); None when
-        the request ended instead (cancelled, or the context is full and cannot shift)."""
+    def plan_round(self, max_rows: int, decoding: int = 1) -> list[int] | None:
+        """The rows of this round, ``[pending, drafts...]`` (at most ``max_rows``; ``decoding``
+        requests share the step); None when the request ended instead (cancelled, or the
+        context is full and cannot shift)."""
         if self.cancelled:
             self.finish("cancel")
             return None
@@ -192,49 +201,22 @@ class Generation:
             return None
         n_past = len(self.tokens) - 1
         room = self.engine.n_ctx - n_past  # positions left for [pending, drafts...]
-        controller = self.controller
-        k = controller.next_k() if controller is not None else 0
-        k = min(k, self.k_max, room - 1, max_rows - 1)
+        k = min(self.k_max, room - 1, max_rows - 1)
         remaining = self.committer.remaining
         if remaining is not None:
             k = min(k, remaining - 1)
-        self._k = k = max(k, 0)
-        self._t_round = self._t_prep = time.perf_counter_ns()
-        self._drafts, self._q = [], None
-        if self.drafter is not None and k > 0:
-            self._propose(self.drafter, k)
-        self._t_drafted = time.perf_counter_ns()
+        drafts: list[int] = []
+        if self.drafting is not None:
+            drafts = self.drafting.plan(self.tokens, k, load_bucket(decoding))
+        t_drafted = time.perf_counter_ns()
         assert self.slot is not None
-        self.engine.rollback.before_round(
-            self.slot.seq, self.slot.recurrent, n_past, len(self._drafts)
-        )
-        self._checkpoint_ns = time.perf_counter_ns() - self._t_drafted
-        return [self.tokens[-1], *self._drafts]
+        self.engine.rollback.before_round(self.slot.seq, self.slot.recurrent, n_past, len(drafts))
+        self._checkpoint_ns = time.perf_counter_ns() - t_drafted
+        return [self.tokens[-1], *drafts]
 
-    def _propose(self, drafter: Drafter, k: int) -> None:
-        """Up to ``k`` drafts (none when fewer than ``draft_min`` are left) and their draft
-        distributions if the drafter gave them."""
-        if isinstance(drafter, Preparing):
-            drafter.prepare(self.tokens)
-        self._t_prep = time.perf_counter_ns()
-        sampler, options = self.sampler, self.options
-        probs: ProbabilityFn | None = sampler.probs
-        if sampler.greedy or options.sampling_verify == "compare":
-            probs = None
-        elif sampler.coupled:  # the draft model draws with the target's noise: often the same
-            probs = sampler.coupled_probs(sampler.emitted, len(self.tokens))
-        proposal = drafter.propose(self.tokens, k, probs)
-        drafts = [int(t) for t in proposal.tokens[:k]]
-        if proposal.confidence is not None and self.controller is not None:
-            drafts = drafts[: self.controller.cut(proposal.confidence[: len(drafts)])]
-        q = proposal.probs[: len(drafts)] if proposal.probs is not None else None
-        if sampler.coupled:
-            q = None  # verified by equality with the target's own draw
-        if sampler.constraint is not None and q is None:
-            drafts = _allowed_prefix(sampler.constraint, drafts)
-        if len(drafts) < max(1, self.engine.cfg.draft_min):
-            drafts, q = [], None
-        self._drafts, self._q = drafts, q
+    @property
+    def _drafts(self) -> list[int]:
+        return self.drafting.drafts if self.drafting is not None else []
 
     def after_round(self, logits: RowLogits, first_row: int, decode_ns: int) -> None:
         """The round's rows were decoded (taking ``decode_ns`` in the batch): verify, commit,
@@ -245,35 +227,26 @@ class Generation:
         batch = [tokens[-1], *drafts]
         slot.cached.extend(batch)  # the cache now holds the whole batch
         slot.recurrent.decoded(n_past, len(batch))
-        if isinstance(slot.drafter, TargetObserver):
-            slot.drafter.observe_target(batch, n_past, first_row)
+        for observer in slot.observers():
+            observer.observe_target(batch, n_past, first_row)
         t_verify = time.perf_counter_ns()
         new, accepted = self._verify(logits, first_row)
         kept = self._commit(new, accepted, logits, first_row)
         t_done = time.perf_counter_ns()
-        if isinstance(slot.drafter, TargetObserver):
-            slot.drafter.rollback(len(tokens) - 1)
-        if self.drafter is not None:
-            self.drafter.commit(tokens)
+        for observer in slot.observers():
+            observer.rollback(len(tokens) - 1)
         # Cutting a recurrent state back is part of what verification costs.
         verify_ns = decode_ns + t_done - t_verify + self._checkpoint_ns + self.replay_ns
         self.replay_ns = 0
         result = self.result
-        if drafts:
-            result.draft_count += len(drafts)
-            result.draft_accepted_count += min(accepted, kept)
-            result.draft_steps += 1
-            result.draft_time_ns += self._t_drafted - self._t_round
-            result.verify_time_ns += verify_ns
-        if self.controller is not None:
-            self.controller.record(
-                self._k,
-                len(drafts),
-                accepted,
-                draft_seconds=(self._t_drafted - self._t_prep) / 1e9,
-                verify_seconds=verify_ns / 1e9,
-                prepare_seconds=(self._t_prep - self._t_round) / 1e9,
-            )
+        if self.drafting is not None:
+            if drafts:
+                result.draft_count += len(drafts)
+                result.draft_accepted_count += min(accepted, kept)
+                result.draft_steps += 1
+                result.draft_time_ns += self.drafting.t_drafted - self.drafting.t_round
+                result.verify_time_ns += verify_ns
+            self.drafting.after_round(tokens, kept, accepted, verify_ns)
         if self.committer.done is not None:
             self.finish(self.committer.done)
 
@@ -295,7 +268,8 @@ class Generation:
     def _verify_rows(
         self, logits: RowLogits, first_row: int, sampler: Sampler
     ) -> tuple[list[int], int]:
-        options, drafts, q = self.options, self._drafts, self._q
+        options, drafts = self.options, self._drafts
+        q = self.drafting.q if self.drafting is not None else None
         new: list[int] = []
         history = list(self.tokens)
         for i in range(len(drafts) + 1):
@@ -357,8 +331,11 @@ class Generation:
         discard = shift_sequence(engine, slot, self.tokens, keep)
         if discard == 0:
             return False
-        if not follow_shift(slot, self.drafter, self.tokens, keep, discard):
-            self.drafter, self.controller, self.k_max = None, None, 0
+        drafting = self.drafting
+        members = drafting.members if drafting is not None else []
+        for lost in follow_shift(slot, members, self.tokens, keep, discard):
+            assert drafting is not None
+            drafting.choice.drop(lost)
         return True
 
     def _logprob(
@@ -392,7 +369,10 @@ class Generation:
         start = self.t_prefilled or time.perf_counter_ns()
         result.eval_duration_ns = time.perf_counter_ns() - start
         result.done_reason = reason
+        if self.drafting is not None:
+            self.drafting.report(result)
         self._release()
+        self.engine.finished(result)
         self.on_done(result, None)
 
     def fail(self, error: BaseException) -> None:
@@ -410,19 +390,3 @@ class Generation:
         if self.slot is not None:
             self.slot.busy = False
             self.slot.last_used = time.monotonic()
-
-
-def _allowed_prefix(constraint: TokenConstraint, drafts: list[int]) -> list[int]:
-    """The drafts up to the first one the grammar forbids (judged in the state the drafts
-    before it lead to). For drafts without a distribution this cut is what verification would
-    do anyway (a forbidden token is never the target's choice), so it changes nothing but the
-    rows spent on it."""
-    probe = constraint.clone()
-    try:
-        for i, token in enumerate(drafts):
-            if not probe.allows(token):
-                return drafts[:i]
-            probe.accept(token)
-        return drafts
-    finally:
-        probe.close()

@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from modelhub.engine.llama import LlamaModel
-from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.choice import Member
 from modelhub.engine.speculative.factory import Shifting, TargetObserver
 
 if TYPE_CHECKING:
@@ -53,17 +53,20 @@ def shift_sequence(engine: Engine, slot: Slot, tokens: list[int], keep: int) -> 
 
 
 def follow_shift(
-    slot: Slot, drafter: Drafter | None, tokens: list[int], keep: int, discard: int
-) -> bool:
+    slot: Slot, members: list[Member], tokens: list[int], keep: int, discard: int
+) -> list[Member]:
     """Bring the slot's and the request's drafters in line with the shifted ``tokens``;
-    False when the request's drafter cannot follow (MTP) and drafting should stop."""
-    observer = slot.drafter
-    if isinstance(observer, TargetObserver):
+    returns the request's drafters that cannot follow (MTP heads): it drafts no more with
+    them."""
+    for observer in slot.observers():
         observer.rollback(keep)  # its rows before ``keep`` are still exact
-        if drafter is observer:
-            return False
-    if isinstance(drafter, Shifting):
-        drafter.shift(keep, discard)
-    elif drafter is not None:
-        drafter.begin(tokens)  # n-grams and predictions resynchronise on the new sequence
-    return True
+    lost = []
+    for member in members:
+        drafter = member.drafter
+        if isinstance(drafter, TargetObserver):
+            lost.append(member)
+        elif isinstance(drafter, Shifting):
+            drafter.shift(keep, discard)
+        else:
+            drafter.begin(tokens)  # n-grams and predictions resynchronise on the new sequence
+    return lost

@@ -67,6 +67,25 @@ class _Ewma:
             self.value += alpha * (sample - self.value)
 
 
+VerifyCosts = dict[int, _Ewma]
+"""Seconds to decode and check n rows, per n: a property of the target and the batch it runs
+in, not of the drafter, so the controllers of a model's drafters share one table."""
+
+
+def verify_costs_state(costs: VerifyCosts) -> dict[str, float]:
+    return {str(n): e.value for n, e in sorted(costs.items()) if e.value is not None}
+
+
+def restore_verify_costs(state: object, alpha: float = 0.3) -> VerifyCosts:
+    """A table saved by :func:`verify_costs_state` (anything malformed is skipped)."""
+    costs: VerifyCosts = {}
+    if isinstance(state, dict):
+        for n, value in state.items():
+            if str(n).isdigit() and isinstance(value, (int, float)) and 0 < value < 3600:
+                costs[int(n)] = _Ewma(alpha, float(value))
+    return costs
+
+
 class AdaptiveDraftLength:
     """Picks K in ``0..max_k`` per round; ``adaptive=False`` always answers ``max_k``."""
 
@@ -74,6 +93,7 @@ class AdaptiveDraftLength:
         self,
         max_k: int,
         *,
+        verify: VerifyCosts | None = None,
         adaptive: bool = True,
         cost_alpha: float = 0.3,
         acceptance_decay: float = 0.92,
@@ -84,7 +104,7 @@ class AdaptiveDraftLength:
         self.max_k = max(0, max_k)
         self.adaptive = adaptive
         self._cost_alpha = cost_alpha
-        self._verify: dict[int, _Ewma] = {}
+        self._verify: VerifyCosts = {} if verify is None else verify
         self._draft = _Ewma(cost_alpha)
         self._decay = acceptance_decay
         # The prior is one pseudo-trial; it fades with the evidence like any old round.
@@ -102,6 +122,7 @@ class AdaptiveDraftLength:
         self._catch_up = _Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
         self._rated = False  # the drafter rates its tokens: cut() decides, next_k() asks max_k
         self.current_k = self.max_k
+        self.last_cut_rate: float | None = None  # expected tokens/s of the last cut() prefix
 
     # ---- estimates -------------------------------------------------------------------------
     @property
@@ -155,6 +176,15 @@ class AdaptiveDraftLength:
         draft = 0.0 if k == 0 else k * (self._draft.value or 0.0)
         return self.expected_tokens(k) / (draft + verify)
 
+    @property
+    def draft_rounds(self) -> int:
+        """Rounds that verified drafts: how much evidence the estimates rest on."""
+        return self._draft_rounds
+
+    def best_rate(self) -> float | None:
+        """Expected tokens per second at the best K (plain decoding when none pays)."""
+        return self.rate(self.best_k())
+
     def best_k(self) -> int:
         plain = self.rate(0)
         if plain is None:
@@ -171,12 +201,13 @@ class AdaptiveDraftLength:
         rate (0: decode plainly this round). ``confidence[i]`` is the probability that draft i
         is accepted given that the drafts before it were."""
         self._rated = True
+        self.last_cut_rate = None
         if not self.adaptive:
             return len(confidence)
         plain = self.rate(0)
         if plain is None:
             return len(confidence)  # nothing measured yet: this round measures a wide verify
-        best_k = self._best_prefix(confidence, plain, self.verify_cost)
+        best_k, self.last_cut_rate = self._best_prefix(confidence, plain, self.verify_cost)
         if best_k > 0:
             self._rated_backoff = _RATED_PROBE_AFTER
         else:
@@ -184,7 +215,7 @@ class AdaptiveDraftLength:
             # (another process took the core) would otherwise rule drafting out for good. So
             # after a long dry spell verify the prefix that would pay at the prior cost curve,
             # waiting twice as long after each probe that did not bring drafting back.
-            probe = self._best_prefix(confidence, plain, self._prior_verify_cost)
+            probe = self._best_prefix(confidence, plain, self._prior_verify_cost)[0]
             if probe and self._undrafted >= self._rated_backoff:
                 best_k = probe
                 self._rated_backoff = min(self._max_probe, 2 * self._rated_backoff)
@@ -196,7 +227,8 @@ class AdaptiveDraftLength:
         confidence: Sequence[float],
         plain: float,
         verify_cost: Callable[[int], float | None],
-    ) -> int:
+    ) -> tuple[int, float]:
+        """The best prefix length and its expected tokens per second (``plain`` for 0)."""
         draft = self._draft.value or 0.0
         best_k, best_rate = 0, plain * _MARGIN
         expected, survive = 1.0, 1.0
@@ -209,7 +241,7 @@ class AdaptiveDraftLength:
             r = expected / (k * draft + verify)
             if r > best_rate:
                 best_k, best_rate = k, r
-        return best_k
+        return best_k, best_rate if best_k else plain
 
     def _prior_verify_cost(self, rows: int) -> float | None:
         """Seconds to verify ``rows`` rows by the prior curve from the one-row measurement."""
@@ -324,10 +356,33 @@ class AdaptiveDraftLength:
         rounds = math.ceil(overhead / (_PROBE_BUDGET * plain))
         return max(self._min_probe, min(self._max_probe, rounds))
 
-    def describe(self) -> str:
-        costs = {n: round((e.value or 0.0) * 1e3, 3) for n, e in sorted(self._verify.items())}
-        draft_ms = round((self._draft.value or 0.0) * 1e3, 3)
-        return (
-            f"K={self.current_k} acceptance={self.acceptance:.3f} "
-            f"draft_ms/token={draft_ms} verify_ms={costs}"
-        )
+    # ---- what is kept across requests and restarts --------------------------------------------
+    def state(self) -> dict[str, float | int | bool | None]:
+        """The estimates (not the shared verify costs: see :func:`verify_costs_state`)."""
+        return {
+            "draft": self._draft.value,
+            "catch_up": self._catch_up.value,
+            "acc_hits": self._acc_hits,
+            "acc_trials": self._acc_trials,
+            "draft_rounds": self._draft_rounds,
+            "rated": self._rated,
+        }
+
+    def restore(self, state: object) -> None:
+        """Estimates saved by :meth:`state`; malformed values are ignored."""
+        if not isinstance(state, dict):
+            return
+
+        def number(key: str) -> float | None:
+            value = state.get(key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                return None
+            return float(value) if math.isfinite(value) and value >= 0 else None
+
+        hits, trials = number("acc_hits"), number("acc_trials")
+        if hits is not None and trials is not None and 0 <= hits <= trials:
+            self._acc_hits, self._acc_trials = hits, trials
+        self._draft.value = number("draft")
+        self._catch_up.value = number("catch_up")
+        self._draft_rounds = int(number("draft_rounds") or 0)
+        self._rated = state.get("rated") is True

@@ -18,13 +18,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
-from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
+from modelhub.engine.llama import LlamaContext, LlamaModel, LoadPlacement
+from modelhub.engine.options import DraftSource
 from modelhub.engine.speculative.base import Drafter
 from modelhub.engine.speculative.ngram import NgramDrafter, NgramPool
 from modelhub.errors import DraftError
 
 if TYPE_CHECKING:
-    from modelhub.engine.options import EngineConfig
+    from modelhub.engine.options import DraftKind, EngineConfig
+
+# n-gram guesses cost nothing to make: a long bound, which the confidence cut trims.
+NGRAM_DRAFT_LEN = 16
 
 log = logging.getLogger("modelhub.engine")
 
@@ -62,31 +66,55 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
+def draft_sources(cfg: EngineConfig, given: Drafter | None) -> tuple[list[DraftSource], list[str]]:
+    """The drafters an engine loads, and the names of those a request uses unless it names
+    one. ``DRAFT auto``: every candidate plus n-gram, all used. A fixed kind: the configured
+    drafter (used) and n-gram beside it (only for requests that ask). None: n-gram for requests
+    that ask. A caller's ``given`` drafter is the only one."""
+    if given is not None:
+        kind = cast("DraftKind", given.kind)
+        return [DraftSource(given.kind, kind, None, cfg.draft_num_predict)], [given.kind]
+    ngram = DraftSource("ngram", "ngram", None, NGRAM_DRAFT_LEN)
+    if cfg.draft_kind == "auto":
+        sources = list(cfg.draft_candidates)
+        if not any(src.kind == "ngram" for src in sources):
+            sources.append(ngram)
+        return sources, [src.name for src in sources]
+    if cfg.draft_kind == "none" or cfg.draft_num_predict <= 0:
+        return [*cfg.draft_candidates, ngram], []
+    name = cfg.draft_name or cfg.draft_kind
+    main = DraftSource(name, cfg.draft_kind, cfg.draft_path, cfg.draft_num_predict)
+    extras = [src for src in cfg.draft_candidates if src.name != name]
+    if cfg.draft_kind != "ngram" and not any(src.kind == "ngram" for src in extras):
+        extras.append(ngram)
+    return [main, *extras], [name]
+
+
 def make_drafter(
     cfg: EngineConfig,
     target: LlamaModel,
     target_ctx: LlamaContext,
     n_threads: int,
-    placement: LoadPlacement = ON_CPU,
+    placement: LoadPlacement,
+    src: DraftSource,
 ) -> Drafter | None:
-    """The configured drafter, or None for ``draft_kind="none"`` / ``draft_num_predict=0``.
-    ``placement`` is where a draft file's weights go (the target's repacking; its local
-    devices, never RPC workers)."""
-    if cfg.draft_kind == "none" or cfg.draft_num_predict <= 0:
+    """The drafter of ``src``. ``placement`` is where a draft file's weights go (the target's
+    repacking; its local devices, never RPC workers)."""
+    if src.kind == "none" or src.max_k <= 0:
         return None
-    if cfg.draft_kind == "draft_model":
-        return _draft_model(cfg, target, n_threads, placement)
-    if cfg.draft_kind == "ngram":
+    if src.kind == "draft_model":
+        return _draft_model(cfg, src, target, n_threads, placement)
+    if src.kind == "ngram":
         return ngram_drafter(target.path)
-    if cfg.draft_kind == "mtp" and cfg.draft_path is None:  # the target's own NextN heads
+    if src.kind == "mtp" and src.path is None:  # the target's own NextN heads
         from modelhub.engine.speculative.mtp import MtpDrafter
 
         return MtpDrafter(target, target_ctx, n_threads=n_threads, p_min=cfg.draft_p_min)
-    if cfg.draft_kind in ("mtp", "eagle3", "dflash"):
-        if cfg.draft_path is None:
-            raise DraftError(f"draft_kind {cfg.draft_kind!r} needs draft_path (the drafter GGUF)")
-        drafter = _file_drafter_class(cfg.draft_kind).from_file(
-            Path(cfg.draft_path),
+    if src.kind in ("mtp", "eagle3", "dflash"):
+        if src.path is None:
+            raise DraftError(f"draft_kind {src.kind!r} needs draft_path (the drafter GGUF)")
+        drafter = _file_drafter_class(src.kind).from_file(
+            Path(src.path),
             target,
             target_ctx,
             n_threads=n_threads,
@@ -95,8 +123,8 @@ def make_drafter(
         )
         return cast(Drafter, drafter)
     raise DraftError(
-        f"unknown draft kind {cfg.draft_kind!r}: "
-        "use none, draft_model, mtp, ngram, eagle3 or dflash"
+        f"unknown draft kind {src.kind!r}: "
+        "use none, auto, draft_model, mtp, ngram, eagle3 or dflash"
     )
 
 
@@ -116,15 +144,19 @@ def _file_drafter_class(kind: str) -> Any:
 
 
 def _draft_model(
-    cfg: EngineConfig, target: LlamaModel, n_threads: int, placement: LoadPlacement
+    cfg: EngineConfig,
+    src: DraftSource,
+    target: LlamaModel,
+    n_threads: int,
+    placement: LoadPlacement,
 ) -> Drafter:
     from modelhub.engine.speculative.draft_model import DraftModelDrafter
     from modelhub.gguf.info import read_gguf_info
     from modelhub.gguf.pairing import check_draft_pairing
 
-    if cfg.draft_path is None:
+    if src.path is None:
         raise DraftError("draft_kind 'draft_model' needs draft_path (the draft GGUF)")
-    draft_path = Path(cfg.draft_path)
+    draft_path = Path(src.path)
     if not draft_path.is_file():
         raise DraftError(f"draft model file not found: {draft_path}")
     # Checked again at load (not only at create): never reach native code with a bad pair.
@@ -159,6 +191,11 @@ def ngram_pool(model_path: Path) -> NgramPool:
         pool = NgramPool()
         _ngram_pools[key] = pool
     return pool
+
+
+def install_ngram_pool(model_path: Path, pool: NgramPool) -> None:
+    """Make ``pool`` (one kept from an earlier load) the model's process-wide pool."""
+    _ngram_pools[str(model_path.resolve())] = pool
 
 
 def ngram_drafter(model_path: Path) -> Drafter:
