@@ -168,3 +168,49 @@ def test_recurrent_section_smoke(tmp_path: Path) -> None:
         assert medians["plain"] == 1.0 and all(v > 0 for v in medians.values())
     assert rows["qwen35"]["generation"]["restores"]["ngram+checkpoint"] > 0
     assert "[h] recurrent state" in run.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_kvcache_bench_smoke(tmp_path: Path) -> None:
+    """bench/kvcache.py at one tiny length: every cell measured, the ratios, the exactness
+    counts and the conditions in the JSON, and the table printed."""
+    from devtools.realmodels import smollm2_q8_0
+
+    smollm2_q8_0()  # made (and cached) before the clock matters
+    out = tmp_path / "kvcache.json"
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "kvcache.py"),
+            *("--lengths", "64", "--runs", "1", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "f16/auto" in run.stdout and "auto on=off" in run.stdout
+    data = json.loads(out.read_text())
+    cond = data["conditions"]
+    assert (cond["threads"], cond["runs"], cond["tokens"]) == (2, 1, 64)
+    assert cond["kv_types"] == {"auto": ["q8_0", "f16"], "f16": ["f16", "f16"]}
+    assert data["auto_lossless"] is True
+    (length,) = data["lengths"].values()
+    assert set(data["lengths"]) == {"64"} and 40 < length["prompt_tokens"] <= 64
+    for drafting in ("off", "on"):
+        for kv in ("auto", "f16"):
+            cell = length["cells"][drafting][kv]
+            assert cell["prefill_tok_s"] > 0 and cell["decode_tok_s"] > 0, (drafting, kv)
+            assert cell["prompt_tokens"] == length["prompt_tokens"]
+            assert 0 < cell["tokens"] <= 64
+            assert len(cell["prefill_runs"]) == len(cell["decode_runs"]) == 1
+        ratios = length["ratios_f16_over_auto"][drafting]
+        assert ratios["prefill"] > 0 and ratios["decode"] > 0
+    assert length["cells"]["off"]["auto"]["drafted"] == 0
+    exact = length["same_with_drafting"]
+    assert exact["auto"] == {"same": 1, "runs": 1, "first_difference": []}
+    assert exact["f16"]["runs"] == 1
+    (agree,) = length["auto_f16_plain_agree_tokens"]
+    assert 0 <= agree <= length["plain_tokens"] <= 64
