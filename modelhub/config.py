@@ -12,6 +12,7 @@ names in lower case without the prefix.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -70,15 +71,25 @@ _DURATION_RE = re.compile(r"(-?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+# The longest duration a clock holds: Go's time.Duration (int64 nanoseconds), about 292 years.
+MAX_DURATION_SECONDS = (2**63 - 1) / 1e9
+
+
 def parse_duration(value: Any) -> float:
-    """Keep-alive value -> seconds; negative means forever (returned as ``float('inf')``).
+    """Keep-alive value -> seconds; negative means forever (returned as ``float('inf')``), and
+    so does a value beyond :data:`MAX_DURATION_SECONDS` (no deadline can be set that far).
 
     Numbers are seconds; strings use Go duration syntax ("5m", "1h30m", "250ms", "0", "-1m").
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise InputError(f"keep_alive: unsupported type {type(value).__name__!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer beyond a double: forever, whichever its sign
+            return float("inf")
+        if math.isnan(seconds):
+            raise InputError("keep_alive: NaN is not a duration (e.g. '5m', '30s', '-1')")
     else:
         text = value.strip()
         if text in ("0", "-0"):
@@ -92,7 +103,7 @@ def parse_duration(value: Any) -> float:
         sign = -1.0 if text.startswith("-") else 1.0
         parts = re.findall(r"((?:\d+(?:\.\d*)?|\.\d+))(ns|us|µs|ms|s|m|h)", text)
         seconds = sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-    return float("inf") if seconds < 0 else seconds
+    return float("inf") if seconds < 0 or seconds > MAX_DURATION_SECONDS else seconds
 
 
 def _clean(value: str) -> str:

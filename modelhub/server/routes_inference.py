@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from modelhub.config import MAX_DURATION_SECONDS
 from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
@@ -338,11 +339,12 @@ async def ps(request: Request) -> Response:
         spec = loaded.spec
         details = {**spec.details, "parent_model": ""}
         config = dict(spec.config)
-        expires = loaded.expires_at
+        now = time.time()
+        expires = loaded.expires_at  # inf while in use: now + keep_alive
         if math.isinf(expires):
-            expires = time.time() + (
-                loaded.keep_alive if math.isfinite(loaded.keep_alive) else 292 * 365 * 86400
-            )
+            expires = now + loaded.keep_alive
+        # Forever (and anything a clock cannot hold) shows as the farthest deadline there is.
+        expires = min(expires, now + MAX_DURATION_SECONDS)
         placement = loaded.info.get("placement") or {}
         on_devices = int(placement.get("size_device") or 0)
         # With layers on devices, what llama.cpp allocated for the target here and there (the
