@@ -4,6 +4,11 @@ An empty body is ``400 missing request body``; malformed JSON or a field of the 
 400 that says which field and what was expected. Unknown fields are ignored. A route that names
 a model reads it with :func:`read_model_request`: a missing model is ``400 model is required``
 everywhere, a name with spaces around it is refused (never trimmed into another model's name).
+
+Text is decided here, once, as Go's decoder (and so Ollama) decides it: bytes that are not
+UTF-8 and ``\\u`` escapes of lone UTF-16 surrogates become U+FFFD, so no string past this point
+fails to encode; NUL (``\\u0000``) is an ordinary character. ``NaN``, ``Infinity`` and numbers
+beyond a double's range are not JSON and are refused.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -43,15 +50,57 @@ async def read_json(request: Request) -> dict[str, Any]:
     body = await read_body(request)
     if not body.strip():
         raise InputError("missing request body")
+    text = body.decode(json.detect_encoding(body), errors="replace")
     try:
-        data = json.loads(body)
+        data = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
         raise InputError("invalid JSON in request body: nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise InputError(f"invalid JSON in request body: {exc}") from exc
     if not isinstance(data, dict):
         raise InputError("request body must be a JSON object")
-    return data
+    if _SURROGATE_ESCAPE.search(text):
+        return _without_lone_surrogates(data)
+    return cast(dict[str, Any], data)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"the number {literal} is out of range")
+    return value
+
+
+def _without_lone_surrogates(data: dict[str, Any]) -> dict[str, Any]:
+    """Every string (keys too) with its lone surrogates replaced by U+FFFD. ``json.loads`` has
+    already joined valid pairs, so any surrogate left is lone. Iterative: a body may nest as
+    deep as the parser allows."""
+
+    def clean(text: str) -> str:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+
+    root: dict[str, Any] = {}
+    work: list[tuple[Any, Any]] = [(data, root)]
+    while work:
+        source, target = work.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, value in items:
+            if isinstance(value, str):
+                value = clean(value)
+            elif isinstance(value, dict | list):
+                copy: Any = {} if isinstance(value, dict) else [None] * len(value)
+                work.append((value, copy))
+                value = copy
+            target[clean(key) if isinstance(key, str) else key] = value
+    return root
 
 
 def field(data: dict[str, Any], name: str, kind: type[T], default: T) -> T:
@@ -61,7 +110,10 @@ def field(data: dict[str, Any], name: str, kind: type[T], default: T) -> T:
         return default
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return cast(T, float(value))
+        try:
+            return cast(T, float(value))
+        except OverflowError:
+            raise InputError(f'field "{name}" is out of range for a number, got {value}') from None
     if not ok:
         raise InputError(
             f'field "{name}" must be of type {_type_name(kind)}, got {_json_type(value)}'
