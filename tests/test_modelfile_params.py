@@ -193,7 +193,11 @@ def test_deprecated_parameters_warn_once_and_are_dropped() -> None:  # §4.10 #1
         ("PARAMETER temperature -1", "temperature must be at least 0"),
         ("PARAMETER temperature inf", "temperature must be a finite number, got inf"),
         ("PARAMETER repeat_penalty nan", "repeat_penalty must be a finite number, got nan"),
+        ("PARAMETER repeat_penalty 0", "repeat_penalty must be between 1e-06 and 1000000"),
+        ("PARAMETER frequency_penalty -1e7", "frequency_penalty must be between -1000000 and"),
+        ("PARAMETER temperature 1e-40", "temperature must be a float32: 0, or between 1.18e-38"),
         ('PARAMETER stop ""', "stop must not be empty"),
+        (f"PARAMETER stop {'x' * 257}", "stop strings must be at most 256 characters each"),
     ],
 )
 def test_parameters_ranges(line: str, message: str) -> None:
@@ -216,7 +220,8 @@ def test_parameters_ranges(line: str, message: str) -> None:
         ("repeat_last_n", -1, -2),
         ("num_gpu", -1, -2),
         ("seed", -(2**63), None),  # no range: only the int64 type bounds it
-        ("presence_penalty", -2.0, None),  # no range
+        ("presence_penalty", -1e6, -1000001.0),
+        ("repeat_penalty", 1e-6, 9e-7),
         ("temperature", 0.0, -0.01),
     ],
 )
@@ -230,6 +235,15 @@ def test_parameters_range_bounds_are_inclusive(
     if beyond is not None:
         with pytest.raises(ModelfileError, match=f"^{name} must be .*, got {beyond}$"):
             check_parameter(name, beyond)
+
+
+def test_stop_strings_are_at_most_64() -> None:
+    stops = "".join(f"PARAMETER stop s{i}\n" for i in range(65))
+    with pytest.raises(ModelfileError) as caught:
+        params(f"FROM x\n{stops}")
+    assert caught.value.line == 66
+    assert "stop takes at most 64 strings, got 65" in caught.value.message
+    assert len(params(f"FROM x\n{stops}".rsplit("PARAMETER", 1)[0])[0]["stop"]) == 64
 
 
 def test_draft_min_above_draft_num_predict_warns() -> None:

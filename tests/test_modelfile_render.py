@@ -184,7 +184,7 @@ def test_round_trip_every_parameter_type() -> None:
             "top_p": 0.30000000000000004,
             "min_p": 1e-05,
             "typical_p": 1.0,
-            "repeat_penalty": 1.5e-10,
+            "repeat_penalty": 1.5e-06,
             "presence_penalty": -2.0,
             "frequency_penalty": 123456.0,
             "use_mmap": True,

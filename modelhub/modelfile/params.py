@@ -78,6 +78,14 @@ _BOOLS = {
     **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False),
 }
 _INT64 = range(-(2**63), 2**63)
+# float options are float32, as in Ollama and llama.cpp: the largest finite value and the
+# smallest normal one (nonzero values closer to 0 are refused: divided by, they overflow).
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
+# stop: how many strings and how long each (characters). Every generated token is matched
+# against each of them, so the bounds keep one request from slowing the others on its runner.
+MAX_STOP_COUNT = 64
+MAX_STOP_LENGTH = 256
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,10 @@ _RANGES: dict[str, _Range] = {
     "top_p": _Range(0, 1, "a probability"),
     "min_p": _Range(0, 1, "a probability"),
     "typical_p": _Range(0, 1, "a probability"),
-    "repeat_penalty": _Range(0, None, "1 means no penalty"),
+    # Penalties are bounded where the sampler's float32 arithmetic would overflow.
+    "repeat_penalty": _Range(1e-6, 1e6, "1 means no penalty"),
+    "presence_penalty": _Range(-1e6, 1e6, "0 means no penalty"),
+    "frequency_penalty": _Range(-1e6, 1e6, "0 means no penalty"),
     "draft_num_predict": _Range(0, 64, "0 turns speculative decoding off"),
     "draft_min": _Range(0, None, "0 means always speculate when drafts exist"),
     "draft_p_min": _Range(0, 1, "a probability"),
@@ -143,6 +154,11 @@ def check_parameter(name: str, value: Any) -> None:
         raise ModelfileError(f"{name} must be a finite number, got {value}")
     if name == "stop" and value == "":
         raise ModelfileError("stop must not be empty: an empty stop sequence ends every reply")
+    if name == "stop" and isinstance(value, str) and len(value) > MAX_STOP_LENGTH:
+        raise ModelfileError(
+            f"stop strings must be at most {MAX_STOP_LENGTH} characters each, got one of "
+            f"{len(value)}"
+        )
     if name == "rpc_servers" and isinstance(value, str):
         for part in value.split(","):
             if not valid_endpoint(part.strip()):
@@ -150,13 +166,36 @@ def check_parameter(name: str, value: Any) -> None:
                     f"rpc_servers must be host:port entries (e.g. 192.168.1.20:50052), "
                     f"got {part.strip()!r}"
                 )
-    bounds = _RANGES.get(name)
-    if bounds is None or isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return
-    too_low = bounds.low is not None and value < bounds.low
-    too_high = bounds.high is not None and value > bounds.high
-    if too_low or too_high:
-        raise ModelfileError(f"{name} must be {_describe(bounds)} ({bounds.meaning}), got {value}")
+    bounds = _RANGES.get(name)
+    if bounds is not None:
+        too_low = bounds.low is not None and value < bounds.low
+        too_high = bounds.high is not None and value > bounds.high
+        if too_low or too_high:
+            raise ModelfileError(
+                f"{name} must be {_describe(bounds)} ({bounds.meaning}), got {value}"
+            )
+    if PARAMETER_TYPES.get(name) is float:
+        _check_float32(name, value)
+
+
+def check_stop_count(stops: list[Any]) -> None:
+    """At most :data:`MAX_STOP_COUNT` stop strings (ModelfileError, no line number)."""
+    if len(stops) > MAX_STOP_COUNT:
+        raise ModelfileError(
+            f"stop takes at most {MAX_STOP_COUNT} strings, got {len(stops)}: keep the ones "
+            "that can end a reply"
+        )
+
+
+def _check_float32(name: str, value: float) -> None:
+    magnitude = abs(value)
+    if magnitude > FLOAT32_MAX or 0 < magnitude < FLOAT32_TINY:
+        raise ModelfileError(
+            f"{name} must be a float32: 0, or between {FLOAT32_TINY:.3g} and {FLOAT32_MAX:.3g} "
+            f"in magnitude, got {value}"
+        )
 
 
 def parameters_from_commands(cmds: Iterable[Command]) -> tuple[dict[str, Any], list[str]]:
@@ -183,6 +222,11 @@ def parameters_from_commands(cmds: Iterable[Command]) -> tuple[dict[str, Any], l
             raise ModelfileError(exc.message, cmd.line) from None
         if PARAMETER_TYPES.get(cmd.name) is list:  # stop, rpc_servers: one element per line
             parameters.setdefault(cmd.name, []).append(value)
+            if cmd.name == "stop":
+                try:
+                    check_stop_count(parameters["stop"])
+                except ModelfileError as exc:
+                    raise ModelfileError(exc.message, cmd.line) from None
         else:
             parameters[cmd.name] = value
     draft_min, draft_max = parameters.get("draft_min"), parameters.get("draft_num_predict")
@@ -195,12 +239,25 @@ def parameters_from_commands(cmds: Iterable[Command]) -> tuple[dict[str, Any], l
 
 
 def coerce_option(name: str, value: Any) -> Any:
-    """Type-check one API option given as JSON, the way Ollama does.
+    """Type- and range-check one API option given as JSON (a request's ``options``, a create
+    request's ``parameters``), the way Ollama types them.
 
     Integers accept any JSON number (the fraction is truncated), floats accept integers, ``stop``
     must be a list of strings. ``None`` and unknown names come back unchanged (callers decide);
-    a wrong type raises InputError ``option "<name>" must be of type <type>``.
+    a wrong type raises InputError ``option "<name>" must be of type <type>``, a value out of
+    range (:func:`check_parameter`) InputError ``option <name> must be ...``.
     """
+    typed = _typed_option(name, value)
+    if typed is not None and name in PARAMETER_TYPES:
+        try:
+            for item in typed if isinstance(typed, list) else [typed]:
+                check_parameter(name, item)
+        except ModelfileError as exc:
+            raise InputError(f"option {exc.message}") from None
+    return typed
+
+
+def _typed_option(name: str, value: Any) -> Any:
     kind = PARAMETER_TYPES.get(name)
     if kind is None or value is None:
         return value
@@ -217,6 +274,8 @@ def coerce_option(name: str, value: Any) -> Any:
     if kind is float:
         if not is_number:
             raise InputError(f'option "{name}" must be of type float32')
+        if isinstance(value, int) and abs(value) > FLOAT32_MAX:
+            raise InputError(f'option "{name}" is out of range for a float32, got {value}')
         if not math.isfinite(value):
             raise InputError(f'option "{name}" must be a finite number, got {value}')
         return float(value)
@@ -228,6 +287,11 @@ def coerce_option(name: str, value: Any) -> Any:
         raise InputError(f'option "{name}" must be of type array')
     if not all(isinstance(item, str) for item in value):
         raise InputError(f'option "{name}" must be of an array of strings')
+    if name == "stop":
+        try:
+            check_stop_count(value)
+        except ModelfileError as exc:
+            raise InputError(f"option {exc.message}") from None
     return list(value)
 
 
