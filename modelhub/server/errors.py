@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
-
 from modelhub.errors import ErrorKind, ModelhubError
+from modelhub.server.jsonbody import JSONResponse
 
 log = logging.getLogger("modelhub.server")
 

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from modelhub.errors import ErrorKind, ModelhubError, RequestCancelledError, error_for_kind
 from modelhub.runtime.planning import Plan
 from modelhub.runtime.scheduler import Loaded
 from modelhub.server.errors import error_body, error_response
+from modelhub.server.jsonbody import JSONResponse, line
 from modelhub.server.prompts import check_prompt_fits
 from modelhub.server.state import ServerState
 from modelhub.server.truncation import ChatFit, Count
@@ -92,7 +92,7 @@ def context_size(loaded: Loaded) -> int:
 
 
 def ndjson(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+    return line(obj)
 
 
 Shape = Callable[[Event], dict[str, Any] | None]

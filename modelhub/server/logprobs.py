@@ -6,16 +6,20 @@ from the target's distribution, see ``Sampler.log_distribution``); chat-style re
 ``{"token", "logprob", "bytes", "top_logprobs": [...]}`` per token, and OpenAI's legacy
 completions the parallel arrays ``tokens`` / ``token_logprobs`` / ``top_logprobs`` /
 ``text_offset``.
+
+A token the sampling options leave (next to) no chance has a log-probability of minus infinity,
+which JSON cannot carry: it is written as ``-9999.0``, as OpenAI writes it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from modelhub.errors import InputError
 
 MAX_TOP = 20
-_FIELDS = ("token", "logprob", "bytes")
+IMPOSSIBLE = -9999.0  # what a log-probability of minus infinity is written as
 
 
 def requested(data: dict[str, Any]) -> int | None:
@@ -45,11 +49,19 @@ def completion_requested(data: dict[str, Any]) -> int | None:
     return n
 
 
+def value(logprob: Any) -> float:
+    """A log-probability as JSON can carry it (minus infinity, or NaN, as :data:`IMPOSSIBLE`)."""
+    number = float(logprob)
+    return number if math.isfinite(number) else IMPOSSIBLE
+
+
+def _token(raw: dict[str, Any]) -> dict[str, Any]:
+    return {"token": raw["token"], "logprob": value(raw["logprob"]), "bytes": raw["bytes"]}
+
+
 def entry(raw: dict[str, Any]) -> dict[str, Any]:
     """One token's entry, chat style."""
-    out = {k: raw[k] for k in _FIELDS}
-    out["top_logprobs"] = [{k: t[k] for k in _FIELDS} for t in raw.get("top", [])]
-    return out
+    return {**_token(raw), "top_logprobs": [_token(t) for t in raw.get("top", [])]}
 
 
 def completion_block(raws: list[dict[str, Any]], start_offset: int = 0) -> dict[str, Any]:
@@ -60,7 +72,7 @@ def completion_block(raws: list[dict[str, Any]], start_offset: int = 0) -> dict[
         at += len(raw["token"])
     return {
         "tokens": [r["token"] for r in raws],
-        "token_logprobs": [r["logprob"] for r in raws],
-        "top_logprobs": [{t["token"]: t["logprob"] for t in r.get("top", [])} for r in raws],
+        "token_logprobs": [value(r["logprob"]) for r in raws],
+        "top_logprobs": [{t["token"]: value(t["logprob"]) for t in r.get("top", [])} for r in raws],
         "text_offset": offsets,
     }

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from modelhub.config import MAX_DURATION_SECONDS
 from modelhub.engine.grammar import format_grammar
@@ -26,6 +26,7 @@ from modelhub.server.generation import (
     respond,
     run_on_runner,
 )
+from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
 from modelhub.server.prompts import chat_prompt, generate_prompt
 from modelhub.server.reply_options import reply_parser, request_grammar, thinking, tool_plan

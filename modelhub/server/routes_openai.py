@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import secrets
 import struct
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError, ModelhubError
@@ -30,6 +29,7 @@ from modelhub.server import logprobs, schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.errors import error_body
 from modelhub.server.generation import chained, collect, run_on_runner
+from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
 from modelhub.server.prompts import chat_prompt, generate_prompt
 from modelhub.server.reply_options import (
@@ -433,7 +433,7 @@ async def _streamed(c: _Completion, events: AsyncIterator[Event]) -> AsyncIterat
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return sse(obj)
 
 
 @router.post("/v1/chat/completions", openapi_extra=schemas.OPENAI_CHAT)

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from modelhub.errors import InputError, ModelhubError
 from modelhub.replies.reply import ReplyPart
 from modelhub.replies.tool_calls import ToolCall
 from modelhub.server.errors import error_body
 from modelhub.server.generation import chained, collect
+from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
 from modelhub.server.requests import read_model_request
 from modelhub.server.routes_openai import chat_setup, completion_events
@@ -175,8 +176,7 @@ class _Reply:
     def event(self, kind: str, **body: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **body}
         self.sequence += 1
-        data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-        return f"event: {kind}\ndata: {data}\n\n".encode()
+        return f"event: {kind}\n".encode() + sse(payload)
 
     def response(self, status: str, result: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {

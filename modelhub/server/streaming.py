@@ -8,15 +8,15 @@ With ``stream: false`` the reply is the last object (or the error with its statu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from modelhub.server.errors import as_error, error_body, error_response
+from modelhub.server.jsonbody import JSONResponse, line
 
 log = logging.getLogger(__name__)
 
@@ -73,4 +73,4 @@ async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None =
 
 
 def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+    return line(obj)
