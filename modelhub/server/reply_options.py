@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError
 from modelhub.gguf.info import capabilities
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser
 from modelhub.replies.tool_calls import forced_call_grammar, template_marker
+from modelhub.server.grammar_limits import check_grammar, check_schema
 
 Think = bool | str | None
 
@@ -62,6 +64,7 @@ def tool_plan(view: ModelView, tools: list[Any] | None, choice: Any) -> ToolPlan
     if choice == "none":
         return ToolPlan(None, None)
     marker = template_marker(template_text(view))
+    check_schema(tools, "tools")  # their schemas become the forced call's grammar
     if choice == "required":
         return ToolPlan(tools, forced_call_grammar(tools, marker))
     if isinstance(choice, dict):
@@ -86,17 +89,35 @@ def reply_parser(
 
 
 def request_grammar(
-    data: dict[str, Any], format_gbnf: str | None, tool_gbnf: str | None = None
+    data: dict[str, Any],
+    fmt: str | dict[str, Any] | None,
+    tool_gbnf: str | None = None,
+    *,
+    format_field: str = "format",
 ) -> str | None:
-    """The one grammar a request decodes under: its ``format``, a forced tool call, or a raw
-    GBNF ``grammar`` (llama.cpp's server extension); two at once cannot both hold."""
+    """The one grammar a request decodes under: its ``format`` (``"json"`` or a schema, read
+    from ``format_field``), a forced tool call, or a raw GBNF ``grammar`` (llama.cpp's server
+    extension); two at once cannot both hold. Whichever it is, it is bounded
+    (``grammar_limits``) before any runner parses it."""
     raw = data.get("grammar")
     if raw is not None and not isinstance(raw, str):
         raise InputError('field "grammar" must be a GBNF string')
-    given = [g for g in (format_gbnf, tool_gbnf, raw or None) if g]
+    if isinstance(fmt, dict):
+        check_schema(fmt, format_field)
+    given = [
+        (where, gbnf)
+        for where, gbnf in (
+            (format_field, format_grammar(fmt)),
+            ("tool_choice", tool_gbnf),
+            ("grammar", raw or None),
+        )
+        if gbnf
+    ]
     if len(given) > 1:
         raise InputError(
             "format, grammar and a forced tool call (tool_choice required or named) "
             "cannot be combined: give one of them"
         )
-    return given[0] if given else None
+    for where, gbnf in given:
+        check_grammar(gbnf, where)
+    return given[0][1] if given else None

@@ -12,7 +12,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from modelhub.config import MAX_DURATION_SECONDS
-from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
@@ -214,7 +213,7 @@ async def generate(request: Request) -> Response:
         "prompt": text,
         "context": context or None,
         "options": _with_logprobs(p.options, data),
-        "grammar": request_grammar(data, format_grammar(fmt)),
+        "grammar": request_grammar(data, fmt),
         "prediction": prediction,
     }
     shaper = NativeShaper(
@@ -270,7 +269,7 @@ async def chat(request: Request) -> Response:
     )
     if field(req.data, "_debug_render_only", bool, False):
         return await _rendered_only(state, p, req, fit)
-    grammar = request_grammar(req.data, format_grammar(fmt), tooling.grammar)
+    grammar = request_grammar(req.data, fmt, tooling.grammar)
     options = _with_logprobs(p.options, req.data)
     msg = {"op": "generate", "prompt": text, "options": options, "grammar": grammar}
     shaper = NativeShaper(

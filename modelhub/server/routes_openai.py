@@ -20,7 +20,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError, ModelhubError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
@@ -213,7 +212,7 @@ def chat_setup(state: ServerState, view: ModelView, data: dict[str, Any]) -> Set
     tooling = tool_plan(view, field(data, "tools", list, []), data.get("tool_choice"))
     messages = _chat_messages(data)
     text = chat_prompt(state, view, messages, tooling.tools, think=think)
-    grammar = request_grammar(data, format_grammar(_format(data)), tooling.grammar)
+    grammar = request_grammar(data, _format(data), tooling.grammar, format_field="response_format")
     fit = ChatFit(  # Ollama's truncate, honoured here too (default true)
         messages,
         lambda kept: chat_prompt(state, view, kept, tooling.tools, think=think),
@@ -319,7 +318,7 @@ async def _run(request: Request, chat: bool) -> Response:
     else:
         suffix = field(data, "suffix", str, "")
         text = generate_prompt(state, view, _completion_prompt(data), suffix=suffix)
-        grammar = request_grammar(data, format_grammar(_format(data)))
+        grammar = request_grammar(data, _format(data), format_field="response_format")
         setup = Setup(text, grammar, None, None, logprobs.completion_requested(data))
     usage_wanted = bool(field(data, "stream_options", dict, {}).get("include_usage"))
     c = _Completion(chat, req.model, req.stream, usage_wanted, setup)
