@@ -161,6 +161,16 @@ class StoreError(ModelhubError):
     """The store on disk is inconsistent or could not be written."""
 
 
+class DamagedModelError(StoreError):
+    """A stored model whose manifest or blobs are missing, mis-sized, corrupt or unreadable;
+    the message says which and how to repair it (pull or create it again, or remove it).
+    ``problems`` lists what is wrong, each on its own."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
+
+
 class NoSpaceError(StoreError):
     """The disk holding the store is full (or would be)."""
 

@@ -1,4 +1,4 @@
-"""Model management commands: create, show, list/ls, cp, rm."""
+"""Model management commands: create, show, list/ls, verify, cp, rm."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from modelhub.cli.create_request import CreatePlan, plan_create
 from modelhub.cli.progress import ProgressDisplay
 from modelhub.client import Client, ensure_server
 from modelhub.config import Settings
-from modelhub.errors import InputError, ModelfileError, ModelhubError, NotFoundError
+from modelhub.errors import (
+    DamagedModelError,
+    InputError,
+    ModelfileError,
+    ModelhubError,
+    NotFoundError,
+)
 
 SHOW_FIELDS = ("license", "modelfile", "parameters", "system", "template")
 _MISSING_FIELD = {
@@ -160,10 +166,43 @@ def list_models(prefix: str | None, catalog: bool) -> None:
             rows = [r for r in rows if str(r["name"]).lower().startswith(prefix.lower())]
         _echo_raw(render.catalog_table(rows))
         return
-    models: list[Any] = connect().list()
+    models: list[Any] = connect().list()  # damaged ones too, with their state
     if prefix:
         models = render.filter_by_prefix(models, prefix)
     _echo_raw(render.list_table(models, datetime.now(UTC)))
+
+
+# -- verify --------------------------------------------------------------------------------------
+
+
+@click.command("verify")
+@click.argument("model", required=False)
+def verify(model: str | None) -> None:
+    """Re-hash the files of MODEL (every model without one) and say which are damaged.
+
+    A file whose content does not match its digest is removed from the store; pull or create
+    the model again to restore it. Exits with status 1 when a model is damaged.
+    """
+    answer = connect().request_json("POST", "/api/verify", {"model": model} if model else {})
+    reports = [r for r in (answer or {}).get("models") or [] if isinstance(r, dict)]
+    for line in verify_report(reports):
+        click.echo(line)
+    bad = sum(1 for r in reports if r.get("state") != "ok")
+    if bad:
+        raise DamagedModelError(f"{bad} of {len(reports)} models damaged")
+
+
+def verify_report(reports: list[dict[str, Any]]) -> list[str]:
+    """The lines `verify` prints: one per model, its problems and the repair below it."""
+    if not reports:
+        return ["no models"]
+    lines = []
+    for report in reports:
+        lines.append(f"{report.get('name')}: {report.get('state')}")
+        lines.extend(f"  {problem}" for problem in report.get("problems") or [])
+        if report.get("repair"):
+            lines.append(f"  to repair: {report['repair']}")
+    return lines
 
 
 # -- cp / rm -------------------------------------------------------------------------------------

@@ -105,19 +105,22 @@ def short_digest(digest: str) -> str:
 
 
 def list_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:
-    """The `list` table: NAME, ID, SIZE, MODIFIED."""
+    """The `list` table: NAME, ID, SIZE, MODIFIED, and STATE when a model is damaged (each
+    damaged model's ``damage`` then follows the table)."""
+    damaged = [m for m in models if m.get("state") == "damaged"]
     rows = []
     for model in models:
         size = model.get("size")
-        rows.append(
-            [
-                _model_name(model),
-                short_digest(str(model.get("digest", ""))),
-                format_size(size) if isinstance(size, int | float) and size > 0 else "-",
-                format_relative_time(str(model.get("modified_at", "")), now),
-            ]
-        )
-    return format_table(["NAME", "ID", "SIZE", "MODIFIED"], rows)
+        row = [
+            _model_name(model),
+            short_digest(str(model.get("digest", ""))),
+            format_size(size) if isinstance(size, int | float) and size > 0 else "-",
+            format_relative_time(str(model.get("modified_at", "")), now),
+        ]
+        rows.append([*row, str(model.get("state") or "ok")] if damaged else row)
+    headers = ["NAME", "ID", "SIZE", "MODIFIED", *(["STATE"] if damaged else [])]
+    notes = "".join(f"\n{m.get('damage') or 'damaged'}\n" for m in damaged)
+    return format_table(headers, rows) + notes
 
 
 def filter_by_prefix(models: Sequence[Mapping[str, Any]], prefix: str) -> list[Mapping[str, Any]]:

@@ -15,9 +15,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from modelhub.errors import StoreError
+from modelhub.errors import GGUFError, StoreError
 from modelhub.gguf.adapter import adapter_facts
 from modelhub.gguf.info import GGUFInfo, read_gguf_info, read_tokens
+from modelhub.library.damage import check_layers, damaged, role
 from modelhub.store import (
     MEDIA_ADAPTER,
     MEDIA_DRAFT,
@@ -171,8 +172,11 @@ class ModelViews:
         return self.view(self.store.get(name), with_info=with_info)
 
     def view(self, stored: StoredModel, *, with_info: bool = True) -> ModelView:
+        """DamagedModelError (naming the part and the repair) when a blob of the model is
+        missing or mis-sized, or its weights are not a readable GGUF."""
         store = self.store
         manifest = stored.manifest
+        check_layers(store, stored.name.display, manifest)
         config = self._json(stored.manifest.config.digest, {})
         if not isinstance(config, dict):
             raise StoreError(f"model '{stored.name.display}': config blob is not a JSON object")
@@ -206,11 +210,20 @@ class ModelViews:
             adapter_paths=[store.blob_path(a.digest) for a in manifest.layers_of(MEDIA_ADAPTER)],
         )
         if with_info and model_layer is not None:
-            view.info = self.gguf_info(model_layer.digest)
+            view.info = self._header(stored, model_layer)
             if draft_layer is not None:
-                view.draft_info = self.gguf_info(draft_layer.digest)
-            view.adapter_infos = [self.gguf_info(a.digest) for a in view.adapters]
+                view.draft_info = self._header(stored, draft_layer)
+            view.adapter_infos = [self._header(stored, a) for a in view.adapters]
         return view
+
+    def _header(self, stored: StoredModel, layer: Layer) -> GGUFInfo:
+        """The GGUF facts of a stored blob; one that is no readable GGUF (changed since create
+        checked it, or not a GGUF as a registry served it) damages the model."""
+        try:
+            return self.gguf_info(layer.digest)
+        except GGUFError as exc:
+            problem = f'its {role(layer)} blob "{layer.digest}" is not a readable GGUF ({exc})'
+            raise damaged(stored.name.display, [problem]) from None
 
     def _text(self, digest: str) -> str:
         return self.store.read_blob_bytes(digest, MAX_TEXT_LAYER).decode("utf-8", "replace")

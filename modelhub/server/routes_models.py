@@ -25,6 +25,7 @@ from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
 from modelhub.runtime.planning import DEFAULT_DRAFT_LEN
 from modelhub.server import schemas
 from modelhub.server.drafting_view import drafting_payload
+from modelhub.server.inventory import list_entries, verify_models
 from modelhub.server.lookup import find_model
 from modelhub.server.requests import field, model_field, read_json, str_map
 from modelhub.server.state import ServerState, get_state
@@ -34,33 +35,28 @@ from modelhub.store import parse_digest, parse_name
 router = APIRouter()
 
 
-def tag_entry(view: ModelView) -> dict[str, Any]:
-    stored = view.stored
-    entry: dict[str, Any] = {
-        "name": stored.name.display,
-        "model": stored.name.display,
-        "modified_at": view.modified_at,
-        "size": stored.size,
-        "digest": stored.digest,
-        "details": view.details(),
-    }
-    if view.info is not None:
-        entry["capabilities"] = capabilities(view.info, view.template)
-    return entry
-
-
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
 async def tags(request: Request) -> Response:
+    """Every model; a damaged one with ``state: damaged`` and what is wrong (server.inventory)."""
     state = get_state(request)
-    models = []
-    for stored in await asyncio.to_thread(state.store.list_models):
-        try:
-            view = await asyncio.to_thread(state.views.view, stored)
-        except ModelhubError as exc:
-            state.log.warning("skipping %s: %s", stored.name.display, exc)
-            continue
-        models.append(tag_entry(view))
+    models = await asyncio.to_thread(list_entries, state.store, state.views)
     return JSONResponse({"models": models})
+
+
+@router.post("/api/verify")
+async def verify(request: Request) -> Response:
+    """Re-hash the blobs of ``model`` (every model without one): ``{"models": [reports]}``."""
+    state = get_state(request)
+    headers = request.headers
+    has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+    data = await read_json(request) if has_body else {}  # no body: every model
+    raw = field(data, "model", str, "")
+    name = parse_name(raw) if raw else None
+    try:
+        reports = await asyncio.to_thread(verify_models, state.store, state.views, name)
+    except NotFoundError:
+        raise NotFoundError(f"model '{raw}' not found") from None
+    return JSONResponse({"models": reports})
 
 
 def show_payload(

@@ -10,6 +10,7 @@ from fastapi import Request
 
 from modelhub.config import Settings
 from modelhub.library.views import ModelViews
+from modelhub.runtime.checked_runner import CheckedRunner
 from modelhub.runtime.scheduler import Scheduler
 from modelhub.server.metrics import Metrics
 from modelhub.server.system import has_local_accelerator
@@ -41,6 +42,7 @@ class ServerState:
             num_gpu=settings.num_gpu,
             rpc_servers=settings.rpc_servers,
             accelerator_probe=has_local_accelerator,
+            runner_factory=lambda label: CheckedRunner(label, store),
         )
         return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 

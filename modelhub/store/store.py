@@ -26,6 +26,7 @@ import filelock
 
 from modelhub.errors import InputError, ModelhubError, NotFoundError, StoreError
 from modelhub.store.blobs import DIR_MODE, BlobWriter, fsync_dir
+from modelhub.store.content import RECORD_NAME, ContentChecks
 from modelhub.store.digests import CHUNK_SIZE, blob_path_in, state_path_in
 from modelhub.store.gc import (
     DRAFTING_DIR,
@@ -40,11 +41,12 @@ from modelhub.store.gc import (
     unlink_blobs,
 )
 from modelhub.store.manifest_tree import ManifestTree, StoredModel
-from modelhub.store.manifests import Manifest
+from modelhub.store.manifests import Layer, Manifest
 from modelhub.store.names import ModelName
 from modelhub.store.verify import (
     blob_issues,
     blobs_dir_problems,
+    layer_issues,
     manifest_problems,
     rehash_problems,
 )
@@ -75,6 +77,7 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot create the model store at {self.root}: {exc}") from exc
         self._tree = ManifestTree(self.manifests_dir)
+        self._content = ContentChecks(self.blobs_dir, self.root / RECORD_NAME)
         # thread_local: each thread takes the OS lock itself, so threads sharing this Store
         # exclude each other as separate processes do.
         self._lock = filelock.FileLock(
@@ -156,7 +159,16 @@ class Store:
 
     def list_models(self) -> list[StoredModel]:
         """Every readable model, newest first; unreadable manifests are logged and skipped."""
+        models, unreadable = self.scan_models()
+        for name, _modified, problem in unreadable:
+            log.warning("skipping the unreadable manifest of %s: %s", name.display, problem)
+        return models
+
+    def scan_models(self) -> tuple[list[StoredModel], list[tuple[ModelName, float, str]]]:
+        """Every readable model, newest first, and every manifest that cannot be read, as
+        (name, modification time, what is wrong)."""
         models = []
+        unreadable = []
         for name, path in self._tree.files():
             if name is None:
                 continue
@@ -165,9 +177,10 @@ class Store:
             except FileNotFoundError:
                 continue
             except (ModelhubError, OSError) as exc:
-                log.warning("skipping unreadable manifest %s: %s", path, exc)
+                with contextlib.suppress(OSError):
+                    unreadable.append((name, path.stat().st_mtime, str(exc)))
         models.sort(key=lambda model: model.modified, reverse=True)
-        return models
+        return models, unreadable
 
     def write_manifest(
         self, name: ModelName, manifest: Manifest, *, raw: bytes | None = None
@@ -261,6 +274,24 @@ class Store:
     def clean_work_area(self) -> list[str]:
         """What dead processes left in the work area (a killed quantize's partial output)."""
         return clean_work_area(self.root, time.time() - 3600)
+
+    def layer_issues(self, manifest: Manifest) -> list[tuple[Layer, str]]:
+        """The layers of ``manifest`` whose blob is missing or has another size than declared
+        (one ``stat`` each), with what is wrong."""
+        return layer_issues(self.blobs_dir, manifest)
+
+    def check_content(self, digest: str, *, rehash: bool = False) -> str | None:
+        """None when the blob ``digest`` hashes to its name, else what is wrong. It is hashed
+        once per state of its file (:mod:`~modelhub.store.content`), or now with ``rehash``.
+        A blob whose content does not match is removed, so that a pull or create (which never
+        rewrite an existing blob) can bring the right bytes back."""
+        problem = self._content.check(digest, rehash=rehash)
+        if problem is None or not problem.corrupt:
+            return None if problem is None else problem.message
+        with self._locked():
+            unlink_blobs(self.blobs_dir, {digest})
+        log.warning("removed the corrupt blob %s: %s", digest, problem.message)
+        return f"{problem.message}; it was removed from the store"
 
     def verify(self, *, rehash: bool = False) -> list[str]:
         """Check the store invariant; returns a description of every problem found.
