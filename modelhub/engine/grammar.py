@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
-from modelhub.engine.llama import LlamaModel, recent_native_messages
+from modelhub.engine.llama import LlamaModel, native_log_mark, native_messages_since
 from modelhub.engine.sampling import FloatArray
 from modelhub.errors import InputError
 
@@ -62,9 +62,10 @@ class GrammarConstraint:
     """A GBNF grammar as a token mask that advances with each accepted token."""
 
     def __init__(self, model: LlamaModel, gbnf: str, root: str = "root") -> None:
+        mark = native_log_mark()
         handle = llama_cpp.llama_sampler_init_grammar(model.vocab, gbnf.encode(), root.encode())
         if not handle:
-            detail = recent_native_messages() or "parse error"
+            detail = native_messages_since(mark) or "parse error"
             raise InputError(f"invalid grammar: {detail}")
         self._handle: Any = handle
         self._n_vocab = model.n_vocab

@@ -46,7 +46,11 @@ KV_TYPES: dict[str, tuple[int, int]] = {
 
 _backend_lock = threading.Lock()
 _backend_ready = False
-_recent_messages: collections.deque[str] = collections.deque(maxlen=12)
+# llama.cpp's recent warnings and errors: (number, thread, text), to explain a failure with
+# what the failing call logged (see native_messages_since).
+_recent_messages: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=32)
+_message_numbers = itertools.count(1)
+_last_message = 0
 # About how long the pieces of a long text are tokenized one by one (see LlamaModel.tokenize).
 _PIECE_CHARS = 8192
 # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
@@ -62,6 +66,7 @@ _offloaded: list[tuple[int, int]] = []
 
 
 def _on_native_log(level: int, text: bytes, _user_data: Any) -> None:
+    global _last_message
     message = text.decode("utf-8", errors="replace").rstrip()
     if not message:
         return
@@ -70,7 +75,8 @@ def _on_native_log(level: int, text: bytes, _user_data: Any) -> None:
     elif (m := _OFFLOADED_LINE.search(message)) is not None:
         _offloaded.append((int(m[1]), int(m[2])))
     if level in _LEVELS:
-        _recent_messages.append(message)
+        _last_message = next(_message_numbers)
+        _recent_messages.append((_last_message, threading.get_ident(), message))
         log.log(_LEVELS[level], "%s", message)
     else:
         log.debug("%s", message)
@@ -108,9 +114,18 @@ def clear_allocation_log() -> None:
     _offloaded.clear()
 
 
-def recent_native_messages() -> str:
-    """The last warnings/errors llama.cpp logged (to explain a failure to the user)."""
-    return " | ".join(_recent_messages)
+def native_log_mark() -> int:
+    """A mark to pass to :func:`native_messages_since` after a llama.cpp call."""
+    return _last_message
+
+
+def native_messages_since(mark: int) -> str:
+    """The warnings/errors llama.cpp logged on this thread since ``mark`` (to explain a failed
+    call with its own messages, never an earlier call's or another thread's)."""
+    me = threading.get_ident()
+    return " | ".join(
+        text for n, thread, text in list(_recent_messages) if n > mark and thread == me
+    )
 
 
 def default_threads() -> int:
@@ -175,10 +190,10 @@ class LlamaModel:
             chosen = () if placement.cpu_only else placement.devices
             self._devices = (ctypes.c_void_p * (len(chosen) + 1))(*chosen)
             params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
-        _recent_messages.clear()
+        mark = native_log_mark()
         handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
-            detail = recent_native_messages() or "no details"
+            detail = native_messages_since(mark) or "no details"
             raise GGUFError(f"llama.cpp could not load {path.name}: {detail}")
         self.path = path
         self.handle: Any = handle
@@ -381,10 +396,10 @@ class LlamaAdapter:
     def __init__(self, model: LlamaModel, path: Path) -> None:
         if not path.is_file():
             raise GGUFError(f"adapter file not found: {path}")
-        _recent_messages.clear()
+        mark = native_log_mark()
         handle = llama_cpp.llama_adapter_lora_init(model.handle, str(path).encode())
         if not handle:
-            detail = recent_native_messages() or "no details"
+            detail = native_messages_since(mark) or "no details"
             raise GGUFError(
                 f"llama.cpp could not load the LoRA adapter {path.name} for "
                 f"{model.path.name}: {detail}"
@@ -454,10 +469,10 @@ class LlamaContext:
         params.no_perf = True
         if ctx_other is not None:
             params.ctx_other = ctx_other.handle
-        _recent_messages.clear()
+        mark = native_log_mark()
         handle = llama_cpp.llama_init_from_model(model.handle, params)
         if not handle:
-            detail = recent_native_messages() or "no details"
+            detail = native_messages_since(mark) or "no details"
             raise ModelhubError(
                 f"llama.cpp could not create a context for {model.path.name} "
                 f"(n_ctx={n_ctx}, n_batch={n_batch}): {detail}"
@@ -509,12 +524,13 @@ class LlamaContext:
                 self._out[n - 1] = 1
             self._n_outputs = 1 if logits == "last" else 0
         self._batch.n_tokens = n
+        mark = native_log_mark()
         rc = llama_cpp.llama_decode(self.handle, self._batch)
         if rc != 0:
             # On failure the cache may hold part of the batch: drop it so the caller's view of the
             # cache (everything before ``start``) stays true.
             self.truncate(start)
-            detail = recent_native_messages()
+            detail = native_messages_since(mark)
             raise ModelhubError(f"llama_decode failed (code {rc}) at position {start}: {detail}")
 
     def decode_rows(
@@ -547,11 +563,12 @@ class LlamaContext:
         self._out[:n] = np.asarray(outputs, dtype=np.int8)
         self._n_outputs = int(np.count_nonzero(self._out[:n]))
         self._batch.n_tokens = n
+        mark = native_log_mark()
         rc = llama_cpp.llama_decode(self.handle, self._batch)
         if rc != 0:
             for s in np.unique(seq):
                 self.truncate(int(pos[seq == s].min()), int(s))
-            detail = recent_native_messages()
+            detail = native_messages_since(mark)
             raise ModelhubError(f"llama_decode failed (code {rc}): {detail}")
 
     def row_logits(self, row: int) -> npt.NDArray[np.float32]:
