@@ -6,6 +6,7 @@ MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART, MODELHUB_KV_CACHE_TYPE (OLLAMA_KV_CACHE
 MODELHUB_CONTEXT_LENGTH (OLLAMA_CONTEXT_LENGTH), MODELHUB_FLASH_ATTENTION (OLLAMA_FLASH_ATTENTION),
 plus MODELHUB_MEMORY_LIMIT, MODELHUB_REPACK, MODELHUB_NUM_GPU (the default num_gpu) and
 MODELHUB_RPC_SERVERS (ggml RPC workers, host:port,...).
+MODELHUB_RUNNER_TIMEOUT (how long a runner that says nothing is waited for) is modelhub's own.
 The YAML file (``config.yaml`` in the platformdirs config dir, or MODELHUB_CONFIG) uses the same
 names in lower case without the prefix.
 """
@@ -29,6 +30,8 @@ DEFAULT_PORT = 11435
 DEFAULT_KEEP_ALIVE = 300.0
 DEFAULT_CONTEXT_LENGTH = 4096  # num_ctx when neither a request nor the model sets one
 MIN_CONTEXT_LENGTH = 16
+DEFAULT_RUNNER_TIMEOUT = 30.0  # seconds a runner may say nothing before it is replaced
+MIN_RUNNER_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,7 @@ class Settings:
     flash_attention: bool = True  # off: batched verification is no longer bit-exact on CPU
     num_gpu: int = -1  # layers offloaded when a model does not say (-1: as many as fit)
     rpc_servers: tuple[str, ...] = ()  # ggml RPC workers every model may use
+    runner_timeout: float = DEFAULT_RUNNER_TIMEOUT  # 0: never kill a silent runner
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -217,6 +221,7 @@ class Settings:
             is not False,
             num_gpu=_num_gpu(get("MODELHUB_NUM_GPU")),
             rpc_servers=_rpc_servers(get("MODELHUB_RPC_SERVERS")),
+            runner_timeout=_runner_timeout(get("MODELHUB_RUNNER_TIMEOUT")),
         )
 
 
@@ -286,6 +291,27 @@ def _context_length(value: str | None) -> int:
             f"{MIN_CONTEXT_LENGTH} (e.g. 8192), or 0 for the default {DEFAULT_CONTEXT_LENGTH}"
         )
     return int(text)
+
+
+def _runner_timeout(value: str | None) -> float:
+    """MODELHUB_RUNNER_TIMEOUT: seconds (``45``) or a duration (``2m``), at least one second;
+    ``0`` (or ``off``) never kills a silent runner; unset or empty is the default."""
+    text = _clean(value or "").lower()
+    if text == "":
+        return DEFAULT_RUNNER_TIMEOUT
+    if text in ("0", "off"):
+        return 0.0
+    try:
+        seconds = float(text) if re.fullmatch(r"\d+(\.\d*)?", text) else parse_duration(text)
+    except InputError:
+        seconds = -1.0
+    if not MIN_RUNNER_TIMEOUT <= seconds < float("inf"):
+        raise InputError(
+            f"MODELHUB_RUNNER_TIMEOUT={value!r}: use seconds (e.g. 60) or a duration (e.g. 2m) "
+            f"of at least {MIN_RUNNER_TIMEOUT:g} s, or 0 to never stop a silent runner "
+            f"(default {DEFAULT_RUNNER_TIMEOUT:g})"
+        )
+    return seconds
 
 
 def _size(value: str | None) -> int | None:

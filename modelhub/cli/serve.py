@@ -31,6 +31,8 @@ Environment:
                               as fit), 0 (CPU only) or a count
   MODELHUB_RPC_SERVERS        ggml RPC workers to split models across, host:port,... (see
                               `modelhub rpc-worker --help`)
+  MODELHUB_RUNNER_TIMEOUT     Seconds a model's runner may say nothing before it is killed and
+                              replaced (default 30; 0: never)
   MODELHUB_CONFIG             YAML settings file (default: config.yaml in the user config dir)
 """
 

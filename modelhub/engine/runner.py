@@ -19,12 +19,18 @@ runner -> daemon
   {"id": "...", "event": "prompt", "prompt_tokens": n}          (generation started)
   {"id": "...", "event": "token", "text": "...", "drafted": bool}
   {"id": "...", "event": "done", "result": {GenerateResult fields, "context": [ids]}}
+  {"id": "...", "event": "vectors", "embeddings": [[...]]}      (a piece; more follow)
   {"id": "...", "event": "embeddings", "embeddings": [[...]], "prompt_eval_count": n}
   {"id": "...", "event": "tokens", "tokens": [ids]}
   {"id": "...", "event": "counts", "counts": [n]}
   {"id": "...", "event": "error", "message": "...", "kind": "invalid_request" | ...}
+  {"event": "alive"}                    (every second or so with ``--heartbeat SECONDS``)
 
 ``kind`` is an ``errors.ErrorKind`` label; the daemon raises the error class of that kind.
+Embeddings come in pieces of at most about ``EMBED_PIECE_FLOATS`` numbers (``vectors`` events,
+then the final ``embeddings`` with the last piece), so no line outgrows what the daemon reads
+whatever the batch. A heartbeat thread says ``alive`` however busy the others are, and stderr
+carries marks that tie its log lines to requests (``engine.liveness``).
 
 Generation requests run together in the engine's batch (up to ``n_parallel`` at once, the
 others wait for a slot in arrival order; ``engine.batching``), each answered by its own
@@ -44,13 +50,16 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from modelhub.errors import ErrorKind, ModelhubError
+from modelhub.engine.liveness import LOAD_MARK, Heartbeat, write_mark
+from modelhub.errors import ErrorKind, ModelhubError, RequestCancelledError
 
 if TYPE_CHECKING:  # the engine (llama.cpp) loads only in the runner's own start-up
     from modelhub.engine.generate import Engine
     from modelhub.engine.options import TokenLogprob
 
 _STOP = object()
+# Numbers per embeddings line: about 1.5 MB of JSON (113 vectors of 576, 16 of 4096).
+EMBED_PIECE_FLOATS = 65536
 
 
 def _rss_bytes() -> int:
@@ -62,8 +71,10 @@ def _rss_bytes() -> int:
 
 
 class Runner:
-    def __init__(self, out: IO[str]) -> None:
+    def __init__(self, out: IO[str], heartbeat: float = 0.0) -> None:
+        """``heartbeat`` > 0: say ``alive`` that often (seconds) while serving."""
         self.out = out
+        self.heartbeat = Heartbeat(self.send, heartbeat) if heartbeat > 0 else None
         self.out_lock = threading.Lock()
         self.engine: Any = None
         self.jobs: queue.Queue[Any] = queue.Queue()
@@ -80,13 +91,17 @@ class Runner:
     def serve(self, inp: IO[str]) -> None:
         worker = threading.Thread(target=self._work, daemon=True)
         worker.start()
+        if self.heartbeat is not None:
+            self.heartbeat.start()
         for raw in inp:
             if not raw.strip():
                 continue
             msg = json.loads(raw)
             op = msg.get("op")
             if op == "load":
+                write_mark("begin", LOAD_MARK)
                 self._load(msg.get("config") or {})
+                write_mark("end", LOAD_MARK)
             elif op == "cancel":
                 with self.cancel_lock:
                     event = self.cancels.get(str(msg.get("id")))
@@ -99,6 +114,8 @@ class Runner:
                     self.cancels[str(msg.get("id"))] = threading.Event()
                 self.jobs.put(msg)
         self.jobs.put(_STOP)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         worker.join(timeout=5)
         if self.engine is not None:
             self.engine.close()
@@ -144,6 +161,7 @@ class Runner:
             with self.cancel_lock:
                 cancel = self.cancels.get(rid) or threading.Event()
             finished = True
+            write_mark("begin", rid)
             try:
                 if cancel.is_set():
                     self._send_error(rid, "request canceled", ErrorKind.CANCELLED.label)
@@ -159,10 +177,14 @@ class Runner:
             finally:
                 if finished:
                     self._forget(rid)
+                else:
+                    write_mark("run", rid)
 
     def _forget(self, rid: str) -> None:
+        """The request has had its final event."""
         with self.cancel_lock:
             self.cancels.pop(rid, None)
+        write_mark("end", rid)
 
     def _send_error(self, rid: str, message: str, kind: str | None = None) -> None:
         event: dict[str, Any] = {"id": rid, "event": "error", "message": message}
@@ -178,17 +200,7 @@ class Runner:
             self._generate(rid, msg, cancel)
             return False
         if op == "embed":
-            texts = [str(t) for t in msg.get("texts") or []]
-            counts = [len(engine.tokenize(t)) for t in texts]
-            vectors = engine.embed(texts)
-            self.send(
-                {
-                    "id": rid,
-                    "event": "embeddings",
-                    "embeddings": vectors,
-                    "prompt_eval_count": sum(counts),
-                }
-            )
+            self._embed(rid, [str(t) for t in msg.get("texts") or []], cancel)
         elif op == "tokenize":
             tokens = engine.tokenize(
                 str(msg.get("text", "")), add_special=bool(msg.get("add_special", True))
@@ -204,6 +216,23 @@ class Runner:
         else:
             self._send_error(rid, f"unknown op {op!r}", ErrorKind.INVALID.label)
         return True
+
+    def _embed(self, rid: str, texts: list[str], cancel: threading.Event) -> None:
+        """Embed ``texts`` one at a time, so that running generations take their steps in
+        between, and send the vectors in pieces (see the protocol above)."""
+        engine = self.engine
+        piece: list[list[float]] = []
+        count = 0
+        for text in texts:
+            if cancel.is_set():
+                raise RequestCancelledError("request canceled")
+            count += len(engine.tokenize(text))
+            piece.extend(engine.embed([text]))
+            if len(piece) * len(piece[0]) >= EMBED_PIECE_FLOATS:
+                self.send({"id": rid, "event": "vectors", "embeddings": piece})
+                piece = []
+        final = {"id": rid, "event": "embeddings", "embeddings": piece, "prompt_eval_count": count}
+        self.send(final)
 
     def _generate(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> None:
         from modelhub.engine.generate import GenerateOptions, GenerateResult, TokenEvent
@@ -276,7 +305,9 @@ def main() -> None:
     # Native libraries may print to stdout; keep the protocol channel private.
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    Runner(proto).serve(sys.stdin)
+    args = sys.argv[1:]
+    heartbeat = float(args[1]) if args[:1] == ["--heartbeat"] and len(args) > 1 else 0.0
+    Runner(proto, heartbeat).serve(sys.stdin)
 
 
 if __name__ == "__main__":

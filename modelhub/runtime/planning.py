@@ -104,7 +104,6 @@ def plan(
     *,
     num_threads: int = 0,
     num_ctx: int = DEFAULT_NUM_CTX,
-    embedding: bool = False,
     prediction: bool = False,
 ) -> Plan:
     """``num_ctx`` is the context when neither the request nor the model sets one (the
@@ -144,7 +143,6 @@ def plan(
         "draft_num_predict": bound,
         "draft_min": int(opts.get("draft_min") or 0),
         "draft_p_min": float(opts.get("draft_p_min") or 0.0),
-        "embedding": embedding,
         # 0: the daemon's MODELHUB_NUM_PARALLEL, else automatic (the scheduler decides).
         "n_parallel": int(opts.get("num_parallel") or 0),
     }
@@ -157,8 +155,6 @@ def plan(
         config["rpc_servers"] = split_endpoints(opts["rpc_servers"])
     if opts.get("draft_adaptive") is False:  # always draft_num_predict guesses, as llama.cpp
         config["adaptive"] = False
-    if embedding:
-        config["n_parallel"] = 1  # embeddings use a context of their own
     if view.adapter_paths:
         # Only when present: models without one keep their runner identity.
         config["adapter_paths"] = [str(p) for p in view.adapter_paths]

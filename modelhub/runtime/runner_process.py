@@ -1,8 +1,14 @@
-"""The daemon's side of a runner: spawn it, talk JSON lines, survive its death.
+"""The daemon's side of a runner: spawn it, talk JSON lines, survive its death or its silence.
 
 Every in-flight request has a queue of events. When the process exits (crash, abort, OOM kill)
 each waiting request receives an error event, and the runner is marked dead so the scheduler
-starts a fresh one for the next request.
+starts a fresh one for the next request. Two failures end a runner that is still running:
+
+- silence: a runner sends a heartbeat every second or so (``engine.liveness``); one that has
+  said nothing for ``silence_limit`` seconds (stopped, deadlocked, starved by swapping) is
+  killed;
+- a protocol error: a line longer than ``line_limit`` bytes, or anything else the reader cannot
+  take, kills the runner instead of leaving its requests waiting for lines never read.
 """
 
 from __future__ import annotations
@@ -13,36 +19,46 @@ import itertools
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 from modelhub.engine.cpu import REINSTALL_HINT
+from modelhub.engine.liveness import ALIVE_EVENT, LOAD_MARK, heartbeat_interval
 from modelhub.errors import ErrorKind, ModelhubError, RunnerCrashedError, error_for_kind
+from modelhub.runtime.runner_log import RunnerLog
 
 log = logging.getLogger("modelhub.runner")
 
 _ids = itertools.count(1)
 # The events that end a request (see the protocol in engine/runner.py).
-FINAL_EVENTS = frozenset({"done", "error", "embeddings", "tokens", "counts"})
+FINAL_EVENTS = frozenset({"done", "error", "embeddings", "tokens", "counts", "drafting"})
+LINE_LIMIT = 64 * 1024 * 1024  # the longest line read from a runner
+# Before its first heartbeat a runner is starting Python: slow on a busy machine.
+START_ALLOWANCE = 30.0
+TIMEOUT_SETTING = "MODELHUB_RUNNER_TIMEOUT"
 
 
 class RunnerProcess:
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, *, line_limit: int = LINE_LIMIT) -> None:
         self.label = label
+        self.line_limit = line_limit
         self.proc: asyncio.subprocess.Process | None = None
         self.pending: dict[str, asyncio.Queue[dict[str, Any]]] = {}
         self.loaded: asyncio.Future[dict[str, Any]] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.stderr_task: asyncio.Task[None] | None = None
+        self.watchdog: asyncio.Task[None] | None = None
         self.dead = False
         self.exit_code: int | None = None
         self.exit_reason = ""
         self.repack: bool | None = None  # what the runner was told (None: its own choice)
         self.info: dict[str, Any] = {}
-        self.stderr_tail: list[str] = []
+        self.log_lines = RunnerLog()
+        self.heard: float | None = None  # event-loop time of the last line from the runner
+        self.failure: str | None = None  # why the daemon killed a running runner
+        self._failing: set[str] = set()  # the requests its death fails (for the message)
 
     @property
     def pid(self) -> int | None:
@@ -53,33 +69,42 @@ class RunnerProcess:
         """The runner died of SIGILL (see ``engine.cpu``: the AMX/repacking fault)."""
         return self.exit_code == -signal.SIGILL
 
-    async def start(self, config: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
-        """Start the runner and load; on any failure (or cancellation) the process is gone."""
+    async def start(
+        self, config: dict[str, Any], timeout: float = 300, *, silence_limit: float = 0
+    ) -> dict[str, Any]:
+        """Start the runner and load; on any failure (or cancellation) the process is gone.
+        ``silence_limit`` > 0: kill the runner when it has said nothing for that long."""
         try:
-            return await self._start(config, timeout)
+            return await self._start(config, timeout, silence_limit)
         except BaseException:
             await self.kill()
             raise
 
-    async def _start(self, config: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def _start(
+        self, config: dict[str, Any], timeout: float, silence_limit: float
+    ) -> dict[str, Any]:
         self.repack = config.get("repack")
         env = dict(os.environ)
         # ggml prints a backtrace (attaching gdb where installed) before it aborts: slow, and
         # it buries the one line that says why.
         env.setdefault("GGML_NO_BACKTRACE", "1")
+        beat = ["--heartbeat", f"{heartbeat_interval(silence_limit):g}"] if silence_limit else []
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "modelhub.engine.runner",
+            *beat,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
-            limit=64 * 1024 * 1024,
+            limit=self.line_limit,
         )
         self.loaded = asyncio.get_running_loop().create_future()
         self.reader = asyncio.create_task(self._read())
         self.stderr_task = asyncio.create_task(self._read_stderr())
+        if silence_limit > 0:
+            self.watchdog = asyncio.create_task(self._watch(silence_limit))
         await self._send({"op": "load", "config": config})
         try:
             self.info = await asyncio.wait_for(asyncio.shield(self.loaded), timeout)
@@ -101,60 +126,127 @@ class RunnerProcess:
 
     async def _read_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
-        async for raw in self.proc.stderr:
+        while True:
+            try:
+                raw = await self.proc.stderr.readline()
+            except ValueError:  # a line over the limit (dropped by the reader): go on
+                continue
+            if not raw:
+                return
             line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                self.stderr_tail = ([*self.stderr_tail, line])[-20:]
+            if line and self.log_lines.feed(line):
                 log.debug("[%s] %s", self.label, line)
 
     async def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
+        loop = asyncio.get_running_loop()
         try:
             async for raw in self.proc.stdout:
+                self.heard = loop.time()
                 try:
                     msg = json.loads(raw)
                 except ValueError:
                     continue
-                event = msg.get("event")
-                if event in ("loaded", "load_error"):
-                    if self.loaded is not None and not self.loaded.done():
-                        if event == "loaded":
-                            self.loaded.set_result(msg)
-                        else:
-                            self.loaded.set_exception(
-                                error_for_kind(
-                                    ErrorKind.named(str(msg.get("kind"))),
-                                    f"loading {self.label} failed: {msg.get('message')}",
-                                )
-                            )
-                    continue
-                q = self.pending.get(str(msg.get("id")))
-                if q is not None:
-                    q.put_nowait(msg)
+                if isinstance(msg, dict):
+                    self._take(msg)
+        except Exception as exc:  # a line over the limit (ValueError), or a bug: never wedge
+            if isinstance(exc, ValueError) and "limit" in str(exc):
+                why = (
+                    f"sent a reply line longer than the {self.line_limit} bytes the daemon "
+                    "reads from a runner (a protocol error)"
+                )
+            else:
+                log.exception("reading from the runner for %s failed", self.label)
+                why = f"sent what the daemon could not read ({type(exc).__name__}: {exc})"
+            self._fail(f"{why}; it was stopped, and the next request starts a fresh one")
         finally:
-            code = await self.proc.wait()
-            self.dead = True
-            self.exit_code = code
-            self.exit_reason = _describe_exit(code)
-            if self.stderr_task is not None:
-                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(self.stderr_task, 1)
-            err = {"event": "error", "message": self._death_message(), "kind": "internal"}
+            await self._ended()
+
+    def _take(self, msg: dict[str, Any]) -> None:
+        event = msg.get("event")
+        if event == ALIVE_EVENT:
+            return
+        if event in ("loaded", "load_error"):
             if self.loaded is not None and not self.loaded.done():
-                self.loaded.set_exception(RunnerCrashedError(self._death_message()))
-            for q in self.pending.values():
-                q.put_nowait(err)
+                if event == "loaded":
+                    self.loaded.set_result(msg)
+                else:
+                    self.loaded.set_exception(
+                        error_for_kind(
+                            ErrorKind.named(str(msg.get("kind"))),
+                            f"loading {self.label} failed: {msg.get('message')}",
+                        )
+                    )
+            return
+        q = self.pending.get(str(msg.get("id")))
+        if q is not None:
+            q.put_nowait(msg)
+
+    async def _ended(self) -> None:
+        """The runner's stdout is closed, or the reader gave up (and killed it): once it has
+        exited, fail what waits."""
+        assert self.proc is not None
+        self._failing = set(self.pending)
+        if self.loaded is not None and not self.loaded.done():
+            self._failing.add(LOAD_MARK)
+        code = await self.proc.wait()
+        self.dead = True
+        self.exit_code = code
+        self.exit_reason = _describe_exit(code)
+        if self.watchdog is not None and self.watchdog is not asyncio.current_task():
+            self.watchdog.cancel()
+        if self.stderr_task is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self.stderr_task, 1)
+        message = self._death_message()
+        if self.loaded is not None and not self.loaded.done():
+            self.loaded.set_exception(RunnerCrashedError(message))
+        err = {"event": "error", "message": message, "kind": "internal"}
+        for q in self.pending.values():
+            q.put_nowait(err)
+
+    async def _watch(self, limit: float) -> None:
+        """Kill the runner once it has said nothing for ``limit`` seconds."""
+        loop = asyncio.get_running_loop()
+        interval = heartbeat_interval(limit)
+        started = loop.time()
+        while not self.dead:
+            await asyncio.sleep(interval)
+            if self._silent_for(loop, started) <= self._allowed(limit):
+                continue
+            # Give the reader a turn first: after the event loop was busy elsewhere, lines the
+            # runner wrote in time may still wait in the pipe.
+            await asyncio.sleep(interval)
+            silent = self._silent_for(loop, started)
+            if silent > self._allowed(limit) and not self.dead:
+                log.warning("runner for %s silent for %.1f s: killing it", self.label, silent)
+                self._fail(
+                    f"stopped answering (nothing from it for {silent:.0f} s: the process is "
+                    "stopped, deadlocked or starved of memory); it was killed, and the next "
+                    f"request starts a fresh one ({TIMEOUT_SETTING}, now {limit:g} s, sets "
+                    "how long a silent runner is waited for)"
+                )
+                return
+
+    def _silent_for(self, loop: asyncio.AbstractEventLoop, started: float) -> float:
+        return loop.time() - (self.heard if self.heard is not None else started)
+
+    def _allowed(self, limit: float) -> float:
+        return limit if self.heard is not None else max(limit, START_ALLOWANCE)
+
+    def _fail(self, why: str) -> None:
+        """Kill a runner that is still running, for ``why`` (the message its requests get)."""
+        if self.failure is None:
+            self.failure = why
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()  # SIGKILL ends a stopped process too
 
     def _death_message(self) -> str:
-        tail = next((line for line in reversed(self.stderr_tail) if "error" in line.lower()), "")
-        detail = f": {tail}" if tail else ""
-        rpc = next((line for line in reversed(self.stderr_tail) if "RPC" in line), "")
-        if rpc:  # ggml aborts the process when a worker goes away mid-computation
-            said = re.sub(r"^\S+\.(?:c|cc|cpp|h):\d+: ", "", rpc.strip())  # the source path
-            detail = (
-                f": {said} (an RPC worker of this model stopped or cannot be reached; "
-                "restart it, then try again)"
-            )
+        if self.failure is not None:
+            return f"model runner for {self.label} {self.failure}"
+        said = self.log_lines.explanation(self._failing | set(self.pending))
+        detail = f": {said}" if said else ""
         if self.illegal_instruction:
             detail = (
                 ": this CPU refused an instruction of llama.cpp's kernels even with weight "
@@ -218,8 +310,6 @@ def _describe_exit(code: int | None) -> str:
     if code is None:
         return "unknown exit"
     if code < 0:
-        import signal
-
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:

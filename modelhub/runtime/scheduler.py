@@ -13,6 +13,11 @@ others wait here, counted against ``max_queue`` (beyond it: 503). ``n_parallel``
 spec means automatic: 4 when the runner's memory with four sequences' KV caches fits in what is
 free now, else 1 (Ollama's choice); memory planning counts every sequence's KV cache.
 
+A runner that dies (or is killed for saying nothing for ``runner_timeout`` seconds, see
+``runner_process``) fails the requests it was serving; requests still waiting for one of its
+sequences go to a fresh runner. Embeddings do not take a sequence: the engine computes them
+in a context of its own, between the decode steps of running generations.
+
 A runner that dies of SIGILL with repacked weights (a CPU or VM that advertises AMX without
 enabling it, see ``engine.cpu``) is started once more without repacking, and every later load
 does without it too; the log says so once, and ``/api/ps`` and ``/api/info`` show it.
@@ -29,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelhub.config import DEFAULT_RUNNER_TIMEOUT
 from modelhub.errors import InsufficientMemoryError, RunnerCrashedError, ServerBusyError
 from modelhub.runtime.memory import MemoryEstimate, available_bytes, gib
 from modelhub.runtime.runner_process import RunnerProcess
@@ -126,6 +132,7 @@ class Scheduler:
         flash_attention: bool = True,
         num_gpu: int = -1,
         rpc_servers: tuple[str, ...] = (),
+        runner_timeout: float = DEFAULT_RUNNER_TIMEOUT,
         accelerator_probe: Callable[[], Awaitable[bool]] | None = None,
         runner_factory: Callable[[str], RunnerProcess] = RunnerProcess,
     ) -> None:
@@ -143,6 +150,7 @@ class Scheduler:
         self.flash_attention = flash_attention
         self.num_gpu = num_gpu  # for specs that do not say (-1: as many layers as fit)
         self.rpc_servers = list(rpc_servers)  # for specs that do not name their own
+        self.runner_timeout = runner_timeout  # seconds of silence before a runner is killed
         # Whether llama.cpp sees a GPU here, asked once before the first load that needs it.
         self._accelerator_probe = accelerator_probe
         self._accelerator: bool | None = None if accelerator_probe is not None else False
@@ -153,8 +161,11 @@ class Scheduler:
         self.loads_total = 0
 
     @contextlib.asynccontextmanager
-    async def use(self, spec: LoadSpec, keep_alive: float | None) -> AsyncIterator[Loaded]:
-        """Hold one of the runner's sequences for one request (waiting while all are busy)."""
+    async def use(
+        self, spec: LoadSpec, keep_alive: float | None, *, sequence: bool = True
+    ) -> AsyncIterator[Loaded]:
+        """Hold the runner for one request, and one of its sequences (waiting while all are
+        busy) unless ``sequence`` is False (embeddings, which need none)."""
         if self.waiting >= self.max_queue:
             raise ServerBusyError(
                 "server busy, please try again.  maximum pending requests exceeded"
@@ -162,6 +173,25 @@ class Scheduler:
         self.waiting += 1
         try:
             loaded = await self._acquire(spec, keep_alive)
+            if sequence:
+                loaded = await self._take_sequence(loaded, spec, keep_alive)
+        finally:
+            self.waiting -= 1
+        loaded.running += sequence
+        try:
+            yield loaded
+        finally:
+            if sequence:
+                loaded.running -= 1
+                loaded.slots.release()
+            await self._release(loaded)
+
+    async def _take_sequence(
+        self, loaded: Loaded, spec: LoadSpec, keep_alive: float | None
+    ) -> Loaded:
+        """Wait for one of ``loaded``'s sequences; when the runner died meanwhile (a crash,
+        killed for its silence), once more from a fresh runner."""
+        for attempt in range(2):
             loaded.queued += 1
             try:
                 await loaded.slots.acquire()
@@ -170,15 +200,13 @@ class Scheduler:
                 raise
             finally:
                 loaded.queued -= 1
-        finally:
-            self.waiting -= 1
-        loaded.running += 1
-        try:
-            yield loaded
-        finally:
-            loaded.running -= 1
+            if loaded.usable or attempt:
+                return loaded
+            log.info("the runner for %s ended while a request waited: starting another", spec.name)
             loaded.slots.release()
             await self._release(loaded)
+            loaded = await self._acquire(spec, keep_alive)
+        return loaded
 
     async def _acquire(self, spec: LoadSpec, keep_alive: float | None) -> Loaded:
         async with self._load_lock:
@@ -246,13 +274,15 @@ class Scheduler:
         process = self.runner_factory(spec.name)
         started = time.monotonic()
         try:
-            info = await process.start(config)
+            info = await process.start(config, silence_limit=self.runner_timeout)
         except RunnerCrashedError:
             if not process.illegal_instruction or config.get("repack") is False:
                 raise
             self._repack_faulted(spec.name)
             process = self.runner_factory(spec.name)
-            info = await process.start({**config, "repack": False})
+            info = await process.start(
+                {**config, "repack": False}, silence_limit=self.runner_timeout
+            )
         if self.repack is None:  # the first runner decided for this machine: tell the next ones
             self.repack = bool(info.get("repack", True))
         log.info("loaded %s in %.2f s (pid %s)", spec.name, time.monotonic() - started, process.pid)

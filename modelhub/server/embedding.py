@@ -33,12 +33,12 @@ async def embed_texts(
     started: int,
 ) -> tuple[list[list[float]], int, int]:
     """(vectors, prompt tokens, load nanoseconds)."""
+    # The plan of a generation with these options: one loaded runner serves both.
     p = plan(
         view,
         options,
         num_threads=state.settings.num_threads,
         num_ctx=state.settings.context_length,
-        embedding=True,
     )
     load_ns = 0
     vectors: list[list[float]] = []
@@ -46,8 +46,8 @@ async def embed_texts(
     async for ev in run_on_runner(state, p, keep_alive, {"op": "embed", "texts": texts}, started):
         if ev.get("event") == "ready":
             load_ns = int(ev["load_duration"])
-        elif ev.get("event") == "embeddings":
-            vectors = ev["embeddings"]
+        elif ev.get("event") in ("vectors", "embeddings"):  # pieces, then the last one
+            vectors.extend(ev["embeddings"])
             count = int(ev.get("prompt_eval_count") or 0)
     return vectors, count, load_ns
 

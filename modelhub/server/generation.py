@@ -47,7 +47,9 @@ async def run_on_runner(
         n_ctx = int(dict(plan.spec.config).get("n_ctx") or 0)
         text = fit.shortest() if fit is not None else str(msg.get("prompt") or "")
         await asyncio.to_thread(check_prompt_fits, state, plan.spec.model_blob, text, n_ctx)
-    async with state.scheduler.use(plan.spec, keep_alive) as loaded:
+    # An embedding takes no sequence: it runs beside generations (see runtime.scheduler).
+    sequence = msg.get("op") != "embed"
+    async with state.scheduler.use(plan.spec, keep_alive, sequence=sequence) as loaded:
         yield {"event": "ready", "load_duration": time.monotonic_ns() - started_ns}
         if fit is not None:
             msg = {**msg, "prompt": await fit(runner_counter(loaded), context_size(loaded))}

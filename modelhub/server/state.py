@@ -41,6 +41,7 @@ class ServerState:
             flash_attention=settings.flash_attention,
             num_gpu=settings.num_gpu,
             rpc_servers=settings.rpc_servers,
+            runner_timeout=settings.runner_timeout,
             accelerator_probe=has_local_accelerator,
             runner_factory=lambda label: CheckedRunner(label, store),
         )
