@@ -14,7 +14,7 @@ from modelhub.errors import InputError
 from modelhub.library.views import MAX_TEXT_LAYER
 from modelhub.modelfile import coerce_option
 from modelhub.store import ModelName, parse_digest
-from modelhub.templates.gotemplate import parse_template
+from modelhub.templates.isolated import check_template
 
 
 @dataclass
@@ -69,7 +69,7 @@ def check_request(req: CreateRequest) -> None:
         req.parameters[key] = coerce_option(key, value)
     check_stored_sizes(req)
     if req.template:
-        parse_template(req.template)  # 400 "template error: ... at line L col C"
+        check_template(req.template)  # 400 "template error: ... at line L col C"
     if req.quantize:
         quant_type(req.quantize)
     if req.draft_quantize:

@@ -11,6 +11,7 @@ from typing import Any
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.server.state import ServerState
+from modelhub.templates.isolated import render_generate
 from modelhub.templates.prompt import build_chat_prompt, build_generate_prompt
 
 
@@ -50,20 +51,26 @@ def generate_prompt(
     with_history: bool = True,
     think: bool | str | None = None,
 ) -> str:
+    """The prompt of a generate request; the request's own ``template``, when large, is parsed
+    and rendered in a child process (``templates.isolated``): call this off the event loop
+    when there is one."""
     bos, eos = _special(state, view)
     go = template or view.template
-    return build_generate_prompt(
-        go_template=go,
-        jinja_template=None if go else _jinja(view),
-        prompt=prompt,
-        system=system or view.system,
-        history=view.messages if with_history else [],
-        suffix=suffix or None,
-        bos_token=bos,
-        eos_token=eos,
-        think=think,
-        tokenizer_adds_bos=_adds_bos(view),
-    )
+    args: dict[str, Any] = {
+        "go_template": go,
+        "jinja_template": None if go else _jinja(view),
+        "prompt": prompt,
+        "system": system or view.system,
+        "history": view.messages if with_history else [],
+        "suffix": suffix or None,
+        "bos_token": bos,
+        "eos_token": eos,
+        "think": think,
+        "tokenizer_adds_bos": _adds_bos(view),
+    }
+    if template:
+        return render_generate(args)
+    return build_generate_prompt(**args)
 
 
 def _special(state: ServerState, view: ModelView) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from modelhub.server.generation import (
 )
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
+from modelhub.server.offloop import off_loop
 from modelhub.server.prompts import chat_prompt, generate_prompt
 from modelhub.server.reply_options import reply_parser, request_grammar, thinking, tool_plan
 from modelhub.server.requests import ModelRequest, check_media, field, read_model_request
@@ -198,7 +200,8 @@ async def generate(request: Request) -> Response:
     if raw_mode:
         text = prompt
     else:
-        text = generate_prompt(
+        render = functools.partial(
+            generate_prompt,
             state,
             view,
             prompt,
@@ -208,6 +211,8 @@ async def generate(request: Request) -> Response:
             with_history=not context,
             think=think,
         )
+        # the request's own template: seconds to parse when large, so off the loop
+        text = await off_loop(render) if template else render()
     msg = {
         "op": "generate",
         "prompt": text,

@@ -27,6 +27,7 @@ from modelhub.server import schemas
 from modelhub.server.drafting_view import drafting_payload
 from modelhub.server.inventory import list_entries, verify_models
 from modelhub.server.lookup import find_model
+from modelhub.server.offloop import off_loop
 from modelhub.server.requests import field, model_field, read_json, str_map
 from modelhub.server.state import ServerState, get_state
 from modelhub.server.streaming import run_streaming
@@ -258,15 +259,22 @@ def parse_create(data: dict[str, Any]) -> CreateRequest:
     )
 
 
+def checked_create(data: dict[str, Any]) -> CreateRequest:
+    """The create request of ``data``, with the checks that need no store (template parse)."""
+    from modelhub.library.create import check_request
+
+    req = parse_create(data)
+    check_request(req)
+    return req
+
+
 @router.post("/api/create", openapi_extra=schemas.CREATE)
 async def create(request: Request) -> Response:
     state: ServerState = get_state(request)
     data = await read_json(request)
-    req = parse_create(data)
     stream = field(data, "stream", bool, True)
-    from modelhub.library.create import check_request
-
-    check_request(req)  # 400s before anything is streamed
+    # 400s before anything is streamed; a template's parse takes seconds when it is large
+    req = await off_loop(checked_create, data)
 
     def job(emit: Any) -> None:
         Creator(state.store, state.views, emit).run(req)

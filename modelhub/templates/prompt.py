@@ -24,6 +24,7 @@ is removed, so the model never sees two. Pass False for models whose tokenizer d
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Mapping
@@ -32,7 +33,7 @@ from typing import Any
 
 from modelhub.errors import InputError
 from modelhub.templates.gotemplate import GoTemplate, parse_template
-from modelhub.templates.jinja_chat import render_chat_template
+from modelhub.templates.jinja_chat import compile_chat_template, render_chat_template
 
 DEFAULT_TEMPLATE = "{{ .Prompt }}"
 _TOOL_KEYS = ("type", "items", "function")
@@ -51,8 +52,31 @@ class PromptInput:
 
 
 @functools.lru_cache(maxsize=64)
+def _parse_outcome(text: str) -> GoTemplate | InputError:
+    """The parsed template, or its error: both cached, as a large template takes seconds to
+    parse whichever way it ends."""
+    try:
+        return parse_template(text)
+    except InputError as exc:
+        return InputError(exc.message)  # without the traceback, which holds the parser
+
+
 def _parsed(text: str) -> GoTemplate:
-    return parse_template(text)
+    outcome = _parse_outcome(text)
+    if isinstance(outcome, InputError):
+        raise InputError(outcome.message)
+    return outcome
+
+
+def prepare_templates(go_template: str | None, jinja_template: str | None = None) -> None:
+    """Parse the template a prompt will be rendered with (the Go template if there is one,
+    else the Jinja one) into the caches, errors included: the costly step of rendering, for a
+    caller to run off the event loop. Raises nothing; rendering raises the error."""
+    if go_template:
+        _parse_outcome(go_template)
+    elif jinja_template:
+        with contextlib.suppress(InputError):
+            compile_chat_template(jinja_template)
 
 
 def _as_template(template: str | GoTemplate) -> GoTemplate:
