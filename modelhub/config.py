@@ -5,7 +5,8 @@ MODELHUB_ORIGINS, MODELHUB_MAX_LOADED_MODELS, MODELHUB_NUM_PARALLEL, MODELHUB_NU
 MODELHUB_NOPRUNE, MODELHUB_NO_AUTOSTART, MODELHUB_KV_CACHE_TYPE (OLLAMA_KV_CACHE_TYPE),
 MODELHUB_CONTEXT_LENGTH (OLLAMA_CONTEXT_LENGTH), MODELHUB_FLASH_ATTENTION (OLLAMA_FLASH_ATTENTION),
 plus MODELHUB_MEMORY_LIMIT, MODELHUB_REPACK, MODELHUB_NUM_GPU (the default num_gpu) and
-MODELHUB_RPC_SERVERS (ggml RPC workers, host:port,...).
+MODELHUB_RPC_SERVERS (ggml RPC workers, host:port,...), MODELHUB_DRAFT (auto or off: how models
+without a DRAFT line draft) and MODELHUB_NGRAM_PERSIST (0: keep no n-gram pool on disk).
 MODELHUB_RUNNER_TIMEOUT (how long a runner that says nothing is waited for) is modelhub's own.
 The YAML file (``config.yaml`` in the platformdirs config dir, or MODELHUB_CONFIG) uses the same
 names in lower case without the prefix.
@@ -172,6 +173,8 @@ class Settings:
     num_gpu: int = -1  # layers offloaded when a model does not say (-1: as many as fit)
     rpc_servers: tuple[str, ...] = ()  # ggml RPC workers every model may use
     runner_timeout: float = DEFAULT_RUNNER_TIMEOUT  # 0: never kill a silent runner
+    draft: str = "auto"  # how models without a DRAFT line draft: auto (measured) or off
+    ngram_persist: bool = True  # keep each model's n-gram pool on disk across loads
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -222,6 +225,9 @@ class Settings:
             num_gpu=_num_gpu(get("MODELHUB_NUM_GPU")),
             rpc_servers=_rpc_servers(get("MODELHUB_RPC_SERVERS")),
             runner_timeout=_runner_timeout(get("MODELHUB_RUNNER_TIMEOUT")),
+            draft=_draft_default(get("MODELHUB_DRAFT")),
+            ngram_persist=_tristate("MODELHUB_NGRAM_PERSIST", get("MODELHUB_NGRAM_PERSIST"))
+            is not False,
         )
 
 
@@ -238,6 +244,15 @@ def _tristate(name: str, value: str | None) -> bool | None:
 
 
 KV_CACHE_TYPES = ("auto", "f16", "q8_0", "q4_0")
+
+
+def _draft_default(value: str | None) -> str:
+    text = _clean(value or "").lower() or "auto"
+    if text in ("0", "false", "no", "none"):
+        text = "off"
+    if text not in ("auto", "off"):
+        raise InputError(f"MODELHUB_DRAFT={value!r}: use auto (the default) or off")
+    return text
 
 
 def _kv_cache_type(value: str | None) -> str:

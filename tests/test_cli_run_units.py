@@ -582,12 +582,33 @@ def test_bench_configs() -> None:
     given_bounds = bench.configs_for({"kind": "ngram"}, [2, 8, 2])
     assert [c.label for c in given_bounds] == ["off", "≤2", "≤8"]
     assert [c.draft_num_predict for c in given_bounds] == [0, 2, 8]
-    with pytest.raises(InputError, match="model 'smol' has no DRAFT"):
+    with pytest.raises(InputError, match="model 'smol' does not draft"):
         bench.configs_for(None, [], "model 'smol'")
     with pytest.raises(InputError, match="between 1 and 64"):
         bench.configs_for({"kind": "ngram"}, [0])
     with pytest.raises(InputError, match=r"exceeds the draft_num_predict of model 'm' \(4\)"):
         bench.configs_for({"kind": "mtp", "draft_num_predict": 4}, [2, 8], "model 'm'")
+
+
+def test_bench_of_an_auto_model_runs_each_drafter_then_auto() -> None:
+    drafting = {"mode": "auto", "drafters": [{"name": "mtp"}, {"name": "ngram"}]}
+    configs = bench.configs_for(None, [], drafting=drafting)
+    assert [(c.label, c.drafter) for c in configs] == [
+        ("off", None),
+        ("mtp", "mtp"),
+        ("ngram", "ngram"),
+        ("auto", "auto"),
+    ]
+    assert bench.generate_request("m", "p", configs[1], 8)["options"]["draft"] == "mtp"
+    bounded = bench.configs_for(None, [4], drafting=drafting)  # a bound: auto at that bound
+    assert [(c.label, c.draft_num_predict) for c in bounded] == [("off", 0), ("≤4", 4)]
+
+    def run(config: str, drafter: str | None) -> bench.Run:
+        return bench.Run(0, config, 8, 1, 4 if drafter else 0, 2 if drafter else 0, "x", drafter)
+
+    runs = [run("auto", "mtp"), run("auto", "mtp"), run("auto", None), run("mtp", "mtp")]
+    assert bench.auto_choice(runs) == "auto drafted with mtp in 2 of 3 run(s)"
+    assert "plain decoding" in bench.auto_choice([run("auto", None)])
 
 
 def test_bench_fixed_runs_each_length_adaptive_and_fixed() -> None:
@@ -683,8 +704,8 @@ def test_bench_table_and_json() -> None:
     )
     assert data["rows"][1]["speedup"] == 2.0 and data["runs"][1]["draft_accepted_count"] == 6
     assert data["configs"] == [
-        {"label": "off", "draft_num_predict": 0, "adaptive": None},
-        {"label": "≤4", "draft_num_predict": None, "adaptive": None},
+        {"label": "off", "draft_num_predict": 0, "adaptive": None, "drafter": None},
+        {"label": "≤4", "draft_num_predict": None, "adaptive": None, "drafter": None},
     ]
 
 

@@ -1,5 +1,9 @@
 """`bench MODEL`: the same prompts with drafting off and on, side by side.
 
+A model that drafts with ``DRAFT auto`` (the default) is run with drafting off, with each of its
+drafters alone (the request's ``draft`` option) and with ``auto``, and the table is followed by
+the drafter ``auto`` drafted with.
+
 Every request is greedy (temperature 0), so drafting must not change a single token: the
 table says whether the outputs were identical, next to the speed and the acceptance rate.
 Runs are grouped by configuration because the draft length is a load-time setting (changing
@@ -43,6 +47,7 @@ class Config:
     label: str
     draft_num_predict: int | None
     adaptive: bool | None = None
+    drafter: str | None = None  # the request's ``draft`` option (None: the model's default)
 
     @property
     def is_off(self) -> bool:
@@ -60,6 +65,7 @@ class Run:
     draft_count: int
     draft_accepted_count: int
     text: str
+    drafter: str | None = None  # the drafter that guessed most (the answer's ``drafter``)
 
 
 @dataclass(frozen=True)
@@ -81,13 +87,27 @@ def configs_for(
     model: str = "this model",
     *,
     fixed: bool = False,
+    drafting: dict[str, Any] | None = None,
 ) -> list[Config]:
     """Off first, then each requested bound, or the model's own setting when none is given;
-    with ``fixed`` each bound twice: adaptive (``≤K``) and always K (``=K``)."""
+    with ``fixed`` each bound twice: adaptive (``≤K``) and always K (``=K``). A model that
+    drafts with ``auto`` (``drafting``, show's object) and no bound given: each of its drafters
+    alone, then ``auto``."""
+    auto = (drafting or {}).get("mode") == "auto"
+    if auto and not bounds and not fixed:
+        names = [str(d.get("name")) for d in (drafting or {}).get("drafters") or []]
+        return [
+            Config("off", 0),
+            *(Config(name, None, drafter=name) for name in names),
+            Config("auto", None, drafter="auto"),
+        ]
+    if auto:
+        draft = {**(draft or {}), "kind": "auto"}
     if not draft:
         raise InputError(
-            f"{model} has no DRAFT, so there is nothing to compare: create a model with a "
-            "DRAFT line (a smaller model, mtp or ngram), see docs/modelfile.md"
+            f"{model} does not draft (DRAFT none, or MODELHUB_DRAFT=off), so there is nothing "
+            "to compare: create a model with DRAFT auto or another DRAFT line (a smaller "
+            "model, mtp or ngram), see docs/modelfile.md"
         )
     own = draft.get("draft_num_predict")
     for given in bounds:
@@ -120,6 +140,8 @@ def _draft_options(config: Config) -> dict[str, Any]:
         options["draft_num_predict"] = config.draft_num_predict
     if config.adaptive is not None:
         options["draft_adaptive"] = config.adaptive
+    if config.drafter is not None:
+        options["draft"] = config.drafter
     return options
 
 
@@ -142,6 +164,7 @@ def run_from_answer(prompt: int, config: Config, answer: dict[str, Any]) -> Run:
         draft_count=number("draft_count"),
         draft_accepted_count=number("draft_accepted_count"),
         text=str(answer.get("response") or ""),
+        drafter=str(answer["drafter"]) if answer.get("drafter") else None,
     )
 
 
@@ -340,8 +363,11 @@ def bench(
     must be identical; a difference is shown in red.
     """
     client = connect()
-    draft = client.show(model).get("draft")
-    configs = configs_for(draft, bounds, f"model '{model}'", fixed=fixed)
+    shown = client.show(model)
+    drafting = shown.get("drafting")
+    configs = configs_for(
+        shown.get("draft"), bounds, f"model '{model}'", fixed=fixed, drafting=drafting
+    )
     chosen = list(prompts) or list(DEFAULT_PROMPTS)
     errors = Console(stderr=True, highlight=False)
     if errors.is_terminal:
@@ -364,6 +390,20 @@ def bench(
         )
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
         return
-    kind = str((draft or {}).get("kind") or "draft")
+    kind = str((drafting or {}).get("mode") or (shown.get("draft") or {}).get("kind") or "draft")
     title = f"{model} ({kind}): {num_predict} tokens per prompt, {repeat} run(s), greedy"
-    Console(file=sys.stdout, highlight=False).print(bench_table(rows, title))
+    out = Console(file=sys.stdout, highlight=False)
+    out.print(bench_table(rows, title))
+    if any(c.drafter == "auto" for c in configs):
+        out.print(auto_choice(runs))
+
+
+def auto_choice(runs: Sequence[Run]) -> str:
+    """Which drafter ``auto`` drafted with, over its runs."""
+    auto = [r for r in runs if r.config == "auto"]
+    used = [r.drafter for r in auto if r.drafter]
+    if not used:
+        return f"auto drafted nothing in {len(auto)} run(s): plain decoding paid best here"
+    counts = {name: used.count(name) for name in dict.fromkeys(used)}
+    text = ", ".join(f"{name} in {n} of {len(auto)} run(s)" for name, n in counts.items())
+    return f"auto drafted with {text}"

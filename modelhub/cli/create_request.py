@@ -26,7 +26,7 @@ from modelhub.modelfile import Command, parameters_from_commands, parse_modelfil
 from modelhub.modelfile.params import normalize_requires
 from modelhub.store.names import parse_name
 
-DRAFT_KEYWORDS = frozenset({"mtp", "ngram"})
+DRAFT_KEYWORDS = frozenset({"auto", "none", "mtp", "ngram"})
 
 
 @dataclass
@@ -195,7 +195,8 @@ def _from_name(commands: Sequence[Command], base_dir: Path) -> str | None:
 
 
 def _draft_reference(commands: Sequence[Command], base_dir: Path, *, has_files: bool) -> str | None:
-    """``mtp``, ``ngram`` or a model name from DRAFT lines that are not local paths.
+    """``auto``, ``none``, ``mtp``, ``ngram`` or a model name from DRAFT lines that are not
+    local paths.
 
     A Modelfile drafts from one kind of source: files (several merge), or one keyword or name.
     """
@@ -212,7 +213,7 @@ def _draft_reference(commands: Sequence[Command], base_dir: Path, *, has_files: 
             earlier = "a DRAFT file" if has_files else f"DRAFT {chosen.args if chosen else value}"
             raise ModelfileError(
                 f"DRAFT {word}: conflicts with {earlier}; a Modelfile drafts from files, "
-                "`mtp`, `ngram` or one model name, not a mix",
+                "`auto`, `none`, `mtp`, `ngram` or one model name, not a mix",
                 command.line,
             )
         chosen, value = command, this

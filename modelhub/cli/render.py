@@ -234,6 +234,39 @@ def _draft_rows(draft: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+_MODE_TEXT = {
+    "auto": "auto (the drafter is chosen by measurement)",
+    "fixed": "the Modelfile's DRAFT",
+    "none": "off",
+}
+
+
+def drafting_rows(drafting: Mapping[str, Any]) -> list[list[str]]:
+    """``show``'s ``drafting``: the mode, the drafters, the one in use and the evidence."""
+    mode = str(drafting.get("mode") or "")
+    rows = [["mode", _MODE_TEXT.get(mode, mode)]]
+    for d in drafting.get("drafters") or []:
+        if isinstance(d, Mapping):
+            rows.append(["drafter", f"{d.get('name')} ({d.get('origin')})"])
+    measured = drafting.get("measured")
+    if not isinstance(measured, Mapping):
+        rows.append(["in use", "not measured yet (the first requests measure it)"])
+        return rows
+    figures = [r for r in measured.get("drafters") or [] if isinstance(r, Mapping)]
+    in_use = measured.get("in_use")
+    rows.append(["in use", str(in_use) if in_use else "none pays here yet: plain decoding"])
+    for r in figures:
+        where = " where it had a match" if r.get("rated") else ""
+        parts = [f"acceptance {r.get('acceptance')}{where}"]
+        if r.get("cost_per_guess") is not None:
+            parts.append(f"a guess costs {r['cost_per_guess']} of a target step")
+        if r.get("expected_speedup") is not None:
+            parts.append(f"expected {r['expected_speedup']}x at length {r.get('best_length')}")
+        parts.append(f"rounds drafted: {r.get('rounds', 0)}, requests: {r.get('requests', 0)}")
+        rows.append([str(r.get("name")), ", ".join(parts)])
+    return rows
+
+
 _ADAPTER_LABELS = {
     "from": "from",
     "adapter_type": "type",
@@ -299,6 +332,9 @@ def show_summary(info: Mapping[str, Any], *, verbose: bool = False) -> str:
     draft = info.get("draft") or (info.get("details") or {}).get("draft")
     if isinstance(draft, Mapping) and draft:
         sections.append(_section("Draft", _draft_rows(draft)))
+    drafting = info.get("drafting")
+    if isinstance(drafting, Mapping) and drafting:
+        sections.append(_section("Drafting", drafting_rows(drafting)))
     for adapter in info.get("adapters") or []:
         if isinstance(adapter, Mapping):
             sections.append(_section("Adapter", _adapter_rows(adapter)))

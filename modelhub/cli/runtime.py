@@ -41,14 +41,22 @@ def until_text(expires_at: Any, now: datetime) -> str:
 
 def draft_text(draft: Any) -> str:
     """The DRAFT column: ``draft_model ≤4`` (adaptive, at most 4), ``ngram =8`` (always 8:
-    ``draft_adaptive false``), ``mtp``, or ``-`` without one."""
+    ``draft_adaptive false``), ``mtp``, ``auto`` (with the drafter that drafted last:
+    ``auto: ngram``), then the acceptance since the load (``82%``), or ``-`` without drafting."""
     if not isinstance(draft, Mapping) or not draft.get("kind"):
         return "-"
     bound = draft.get("draft_num_predict")
     kind = str(draft["kind"])
-    if isinstance(bound, int) and not isinstance(bound, bool):
-        return f"{kind} {'=' if draft.get('adaptive') is False else '≤'}{bound}"
-    return kind
+    if kind == "auto":
+        text = f"auto: {draft['in_use']}" if draft.get("in_use") else "auto"
+    elif isinstance(bound, int) and not isinstance(bound, bool):
+        text = f"{kind} {'=' if draft.get('adaptive') is False else '≤'}{bound}"
+    else:
+        text = kind
+    acceptance = draft.get("acceptance")
+    if isinstance(acceptance, int | float) and not isinstance(acceptance, bool):
+        text += f" {acceptance:.0%}"
+    return text
 
 
 def ps_table(models: Sequence[Mapping[str, Any]], now: datetime) -> str:

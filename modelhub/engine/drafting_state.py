@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from modelhub.engine.speculative.adaptive import (
 )
 
 if TYPE_CHECKING:
-    from modelhub.engine.options import GenerateResult
+    from modelhub.engine.options import EngineConfig, GenerateResult
     from modelhub.engine.speculative.ngram import NgramPool
 
 log = logging.getLogger("modelhub.engine")
@@ -56,6 +57,7 @@ class DraftingMemory:
         self.requests: dict[str, int] = {}
         self.total_requests = 0
         self._saved_summary: dict[str, Any] | None = None
+        self._saving: threading.Thread | None = None
         self._last_save = time.monotonic()
         self._load()
 
@@ -126,8 +128,25 @@ class DraftingMemory:
     def maybe_save(
         self, controllers: dict[ControllerKey, AdaptiveDraftLength], pool: NgramPool | None
     ) -> None:
-        if time.monotonic() - self._last_save >= _SAVE_EVERY_S:
-            self.save(controllers, pool)
+        """Save in the background when the last save is old enough (writing a full n-gram
+        pool takes a few hundred milliseconds: not on the thread that decodes). Readers of
+        the pool race with its writers harmlessly: a torn entry is at worst a wrong guess."""
+        if self.dir is None or time.monotonic() - self._last_save < _SAVE_EVERY_S:
+            return
+        if self._saving is not None and self._saving.is_alive():
+            return
+        self._last_save = time.monotonic()
+        snapshot = dict(controllers)
+        self._saving = threading.Thread(target=self.save, args=(snapshot, pool), daemon=True)
+        self._saving.start()
+
+    def close(
+        self, controllers: dict[ControllerKey, AdaptiveDraftLength], pool: NgramPool | None
+    ) -> None:
+        """The model is unloading: wait for a background save, then save once more."""
+        if self._saving is not None:
+            self._saving.join()
+        self.save(controllers, pool)
 
     def save(
         self, controllers: dict[ControllerKey, AdaptiveDraftLength], pool: NgramPool | None
@@ -136,17 +155,12 @@ class DraftingMemory:
         self._last_save = time.monotonic()
         if self.dir is None:
             return
-        saved = dict(self._saved)
-        saved.update({_key(k): c.state() for k, c in controllers.items()})
-        doc = {
-            "version": _VERSION,
-            "conditions": self.conditions,
-            "verify": {f"{k}|{n}": verify_costs_state(t) for (k, n), t in self._verify.items()},
-            "controllers": saved,
-            "requests": self.requests,
-            "total_requests": self.total_requests,
-            "summary": self.report(controllers, None),
-        }
+        controllers = dict(controllers)  # the batch thread may add one meanwhile
+        try:
+            doc = self._document(controllers)
+        except RuntimeError:  # the batch thread grew a table while it was read: next time
+            log.debug("drafting state changed while it was saved; saving later")
+            return
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             _write_atomically(self.dir / STATE_FILE, json.dumps(doc, indent=1).encode())
@@ -154,6 +168,20 @@ class DraftingMemory:
                 pool.save(self.dir / NGRAM_FILE)
         except OSError as exc:
             log.warning("could not keep what drafting learned in %s: %s", self.dir, exc)
+
+    def _document(self, controllers: dict[ControllerKey, AdaptiveDraftLength]) -> dict[str, Any]:
+        saved = dict(self._saved)
+        saved.update({_key(k): c.state() for k, c in controllers.items()})
+        verify = dict(self._verify)
+        return {
+            "version": _VERSION,
+            "conditions": self.conditions,
+            "verify": {f"{k}|{n}": verify_costs_state(t) for (k, n), t in verify.items()},
+            "controllers": saved,
+            "requests": dict(self.requests),
+            "total_requests": self.total_requests,
+            "summary": self.report(controllers, None),
+        }
 
     # ---- what a user is shown ------------------------------------------------------------------
     def report(
@@ -163,7 +191,7 @@ class DraftingMemory:
         target step, the best length, the expected speed-up and the evidence; and the drafter
         with the best expected speed-up (None: none is expected to pay)."""
         rows: list[dict[str, Any]] = []
-        for (name, klass, load), ctl in sorted(controllers.items()):
+        for (name, klass, load), ctl in sorted(dict(controllers).items()):
             if klass != "plain" or load != 1 or (names is not None and name not in names):
                 continue
             plain = ctl.rate(0)
@@ -213,3 +241,43 @@ def _write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class DraftLearning:
+    """A loaded model's controllers (one per drafter, kind of request and batch load) and the
+    state directory they are kept in across loads."""
+
+    def __init__(self, cfg: EngineConfig, conditions: dict[str, object]) -> None:
+        self.adaptive = cfg.adaptive
+        self.memory = DraftingMemory(cfg.state_dir, conditions)
+        self.controllers: dict[ControllerKey, AdaptiveDraftLength] = {}
+
+    def controller(self, name: str, klass: str, load: int, k_max: int) -> AdaptiveDraftLength:
+        """One controller per drafter, kind of request and batch load, kept across requests
+        (and loads) and shared by the slots: the costs it measures are those of the batches
+        the requests run in; the verify costs are shared by the drafters of the same kind of
+        request and load."""
+        key = (name, klass, load)
+        ctl = self.controllers.get(key)
+        if ctl is None:
+            costs = self.memory.verify_costs(klass, load)
+            ctl = AdaptiveDraftLength(k_max, verify=costs, adaptive=self.adaptive)
+            self.memory.restore(ctl, key)
+            self.controllers[key] = ctl
+        ctl.max_k = k_max
+        return ctl
+
+    def finished(self, result: GenerateResult, pool: NgramPool | None) -> None:
+        self.memory.count_request(result)
+        self.memory.maybe_save(self.controllers, pool)
+
+    def report(self, names: list[str]) -> dict[str, Any]:
+        for _ in range(3):  # the batch thread may grow a cost table while it is read
+            try:
+                return self.memory.report(self.controllers, names)
+            except RuntimeError:
+                continue
+        return {"drafters": [], "in_use": None, "requests": self.memory.total_requests}
+
+    def close(self, pool: NgramPool | None) -> None:
+        self.memory.close(self.controllers, pool)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from modelhub.engine.batching import BatchLoop
 from modelhub.engine.cpu import RepackDecision, inject_fault, repack_default
-from modelhub.engine.drafting_state import DraftingMemory
+from modelhub.engine.drafting_state import DraftLearning
 from modelhub.engine.embeddings import embed_texts, embedding_context
 from modelhub.engine.grammar import GrammarConstraint
 from modelhub.engine.llama import (
@@ -35,10 +35,9 @@ from modelhub.engine.llama import (
     clear_allocation_log,
     default_threads,
 )
+from modelhub.engine.members import fork_drafters, load_drafters
 from modelhub.engine.offload import placement, plan_offload
 from modelhub.engine.options import (
-    DRAFT_AUTO,
-    DRAFT_OFF,
     DoneReason,
     EngineConfig,
     GenerateOptions,
@@ -52,20 +51,15 @@ from modelhub.engine.sampling import Sampler
 from modelhub.engine.sequence import Generation, OnDone, Slot
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Drafter
-from modelhub.engine.speculative.choice import Member
 from modelhub.engine.speculative.draft_model import DraftModelDrafter
 from modelhub.engine.speculative.factory import (
     Closable,
     draft_sources,
-    install_ngram_pool,
-    make_drafter,
-    ngram_drafter,
     ngram_pool,
-    prediction_drafter,
 )
 from modelhub.engine.speculative.ngram import NgramPool
 from modelhub.engine.textstream import Committer
-from modelhub.errors import DraftError, InputError
+from modelhub.errors import InputError
 
 __all__ = [
     "DoneReason",
@@ -174,11 +168,10 @@ class Engine:
             self.sources = [src for src in self.sources if src.path != cfg.draft_path]
             names = {src.name for src in self.sources}
             self.default_drafters = [n for n in self.default_drafters if n in names]
-        self.learned = DraftingMemory(cfg.state_dir, self._conditions())
-        self._controllers: dict[tuple[str, str, int], AdaptiveDraftLength] = {}
+        self.learning = DraftLearning(cfg, self._conditions())
         self.slots: list[Slot] = []
         try:
-            self.slots.append(Slot(0, self._load_drafters(drafter), len(self.default_drafters)))
+            self.slots.append(Slot(0, load_drafters(self, drafter), len(self.default_drafters)))
         except BaseException:
             self.close()
             raise
@@ -187,43 +180,12 @@ class Engine:
         try:
             defaults = len(self.default_drafters)
             self.slots += [
-                Slot(i, self._fork_drafters(), defaults) for i in range(1, self.n_parallel)
+                Slot(i, fork_drafters(self), defaults) for i in range(1, self.n_parallel)
             ]
             self._loop.call(self._warm_up)  # on the thread that will decode (see batching)
         except BaseException:
             self.close()
             raise
-
-    def _load_drafters(self, given: Drafter | None) -> list[Member]:
-        """Sequence 0's drafters: the caller's, or one per source (the default first)."""
-        if given is not None:
-            return [Member(given.kind, given, self.cfg.draft_num_predict)]
-        saved = self.learned.load_ngram_pool(self.cfg.ngram_persist)
-        if saved is not None:
-            install_ngram_pool(self.model.path, saved)
-        members = []
-        for src in self.sources:
-            drafter = make_drafter(
-                self.cfg, self.model, self.ctx, self.n_threads, self.offload.draft(self.repack), src
-            )
-            if drafter is not None:
-                members.append(Member(src.name, drafter, src.max_k))
-        return members
-
-    def _fork_drafters(self) -> list[Member]:
-        """Another sequence's instances of the model's drafters: n-grams share the model's
-        pool, a draft model its weights, MTP its heads (each sequence has a draft context of
-        its own)."""
-        members = []
-        for member in self.slots[0].members:
-            fork = getattr(member.drafter, "fork", None)  # draft model, MTP, EAGLE-3, DFlash
-            if callable(fork):
-                members.append(Member(member.name, fork(), member.max_k))
-            elif member.drafter.kind == "ngram":
-                members.append(Member(member.name, ngram_drafter(self.model.path), member.max_k))
-            else:
-                raise DraftError(f"{member.drafter.kind} drafting serves one sequence at a time")
-        return members
 
     def _conditions(self) -> dict[str, object]:
         """What the measured costs depend on besides the model: restored only where they match."""
@@ -332,62 +294,13 @@ class Engine:
         """(running, waiting) requests."""
         return self._loop.counts
 
-    def request_drafters(
-        self, slot: Slot, options: GenerateOptions, prediction: list[int] | None
-    ) -> tuple[list[Member], int]:
-        """The drafters and the K bound of a request in ``slot`` (none: plain decoding)."""
-        k_max = self.cfg.draft_num_predict if self.cfg.draft_kind != "auto" else 0
-        k_max = max([k_max, *(m.max_k for m in slot.members)])
-        if options.draft_num_predict is not None:
-            k_max = options.draft_num_predict
-        k_max = min(k_max, self.ctx.n_batch - 1)
-        if k_max <= 0 or options.draft == DRAFT_OFF:
-            return [], 0
-        if prediction:
-            drafter = prediction_drafter(prediction, self._ngram(slot))
-            return [Member("prediction", drafter, k_max)], k_max
-        if options.draft in (None, DRAFT_AUTO):
-            chosen = [m for m in slot.members if m.name in self.default_drafters]
-        else:
-            chosen = [m for m in slot.members if m.name == options.draft]
-            if not chosen:
-                names = ", ".join(m.name for m in slot.members) or "none"
-                raise InputError(
-                    f"draft {options.draft!r} is not one of this model's drafters ({names}); "
-                    "use auto, off or one of those"
-                )
-        return [Member(m.name, m.drafter, min(m.max_k, k_max)) for m in chosen], k_max
-
-    def _ngram(self, slot: Slot) -> Drafter:
-        """The slot's n-gram drafter: one of its drafters, or one made for prediction requests
-        (kept, with what it learned, for the next)."""
-        for member in slot.members:
-            if member.drafter.kind == "ngram":
-                return member.drafter
-        if slot.ngram is None:
-            slot.ngram = ngram_drafter(self.model.path)
-        return slot.ngram
-
     def controller(self, name: str, klass: str, load: int, k_max: int) -> AdaptiveDraftLength:
-        """One controller per drafter, kind of request and batch load, kept across requests
-        (and, with a state directory, across loads) and shared by the slots: the costs it
-        measures are those of the batches the requests run in; the verify costs are shared by
-        the drafters of the same kind of request and load."""
-        key = (name, klass, load)
-        ctl = self._controllers.get(key)
-        if ctl is None:
-            costs = self.learned.verify_costs(klass, load)
-            ctl = AdaptiveDraftLength(k_max, verify=costs, adaptive=self.cfg.adaptive)
-            self.learned.restore(ctl, key)
-            self._controllers[key] = ctl
-        ctl.max_k = k_max
-        return ctl
+        return self.learning.controller(name, klass, load, k_max)
 
     def finished(self, result: GenerateResult) -> None:
-        """A request ended (on the batch thread): count it, and now and then keep what was
-        learned."""
-        self.learned.count_request(result)
-        self.learned.maybe_save(self._controllers, self._pool_to_keep())
+        """A request ended (on the batch thread): count it, keep what was learned now and
+        then."""
+        self.learning.finished(result, self._pool_to_keep())
 
     def _pool_to_keep(self) -> NgramPool | None:
         if not self.cfg.ngram_persist:
@@ -396,7 +309,7 @@ class Engine:
 
     def drafting_report(self) -> dict[str, object]:
         """What drafting learned so far (``show`` and ``ps`` print it)."""
-        return self.learned.report(self._controllers, [src.name for src in self.sources])
+        return self.learning.report([src.name for src in self.sources])
 
     def check_prompt_size(self, text: str, already: int = 0) -> None:
         """Refuse, before tokenizing, a prompt that cannot fit whatever its tokens are: one
@@ -438,9 +351,9 @@ class Engine:
         loop = getattr(self, "_loop", None)
         if loop is not None:
             loop.close()
-        learned = getattr(self, "learned", None)
-        if learned is not None and getattr(self, "slots", None):
-            learned.save(self._controllers, self._pool_to_keep())
+        learning = getattr(self, "learning", None)
+        if learning is not None and getattr(self, "slots", None):
+            learning.close(self._pool_to_keep())
         for slot in reversed(getattr(self, "slots", [])):  # forks before the drafter they share
             for member in slot.members:
                 if isinstance(member.drafter, Closable):

@@ -10,6 +10,7 @@ daemon -> runner
   {"op": "embed", "id": "...", "texts": ["..."]}
   {"op": "tokenize", "id": "...", "text": "...", "add_special": true}
   {"op": "count", "id": "...", "texts": ["..."], "add_special": true}   (token counts)
+  {"op": "drafting", "id": "..."}             (what drafting measured: ``Engine.drafting_report``)
   {"op": "cancel", "id": "..."}
   {"op": "shutdown"}
 runner -> daemon
@@ -23,6 +24,7 @@ runner -> daemon
   {"id": "...", "event": "embeddings", "embeddings": [[...]], "prompt_eval_count": n}
   {"id": "...", "event": "tokens", "tokens": [ids]}
   {"id": "...", "event": "counts", "counts": [n]}
+  {"id": "...", "event": "drafting", "report": {...}}
   {"id": "...", "event": "error", "message": "...", "kind": "invalid_request" | ...}
   {"event": "alive"}                    (every second or so with ``--heartbeat SECONDS``)
 
@@ -122,12 +124,22 @@ class Runner:
 
     def _load(self, config: dict[str, Any]) -> None:
         from modelhub.engine.generate import Engine, EngineConfig
+        from modelhub.engine.options import DraftSource
 
         known = {f.name for f in fields(EngineConfig)}
         cfg = {k: v for k, v in config.items() if k in known}
-        for key in ("model_path", "draft_path"):
+        for key in ("model_path", "draft_path", "state_dir"):
             if cfg.get(key):
                 cfg[key] = Path(cfg[key])
+        cfg["draft_candidates"] = [
+            DraftSource(
+                str(c["name"]),
+                c["kind"],
+                Path(c["path"]) if c.get("path") else None,
+                int(c["max_k"]),
+            )
+            for c in cfg.get("draft_candidates") or []
+        ]
         cfg["adapter_paths"] = [Path(p) for p in cfg.get("adapter_paths") or []]
         try:
             self.engine = Engine(EngineConfig(**cfg))
@@ -151,6 +163,8 @@ class Runner:
                 "offload": self.engine.offload.reason,
                 "devices": [d.label for d in self.engine.offload.devices],
                 "draft_devices": [d.label for d in self.engine.offload.draft_devices],
+                "drafters": [src.name for src in self.engine.sources],
+                "default_drafters": self.engine.default_drafters,
             }
         )
 
@@ -201,6 +215,9 @@ class Runner:
             return False
         if op == "embed":
             self._embed(rid, [str(t) for t in msg.get("texts") or []], cancel)
+        elif op == "drafting":
+            report = engine.drafting_report()
+            self.send({"id": rid, "event": "drafting", "report": report})
         elif op == "tokenize":
             tokens = engine.tokenize(
                 str(msg.get("text", "")), add_special=bool(msg.get("add_special", True))

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from modelhub.engine.drafting import RequestDrafting
+from modelhub.engine.members import request_drafters
 from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult, TokenLogprob
 from modelhub.engine.rollback import RecurrentState
 from modelhub.engine.sampling import Sampler
@@ -111,7 +112,7 @@ class Generation:
         """Take ``slot``: keep the prefix its cache shares with the prompt, drop the rest."""
         engine, self.slot = self.engine, slot
         slot.busy = True
-        members, self.k_max = engine.request_drafters(slot, self.options, self.prediction)
+        members, self.k_max = request_drafters(engine, slot, self.options, self.prediction)
         if members:
             self.drafting = RequestDrafting(
                 members, engine.controller, self.sampler, self.options, engine.cfg.draft_min

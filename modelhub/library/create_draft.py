@@ -1,6 +1,7 @@
-"""The draft of a new model: ``DRAFT ngram``, ``DRAFT mtp``, a draft GGUF file (optionally
-quantized) or a stored model's weights, checked against the target and recorded as a draft
-layer plus the ``draft`` entry of the config blob.
+"""The draft of a new model: ``DRAFT auto``, ``DRAFT none``, ``DRAFT ngram``, ``DRAFT mtp``, a
+draft GGUF file (optionally quantized) or a stored model's weights, checked against the target
+and recorded as a draft layer plus the ``draft`` entry of the config blob. A drafter a pull
+attached (``CreateRequest.draft_sidecar``) is recorded as one of ``auto``'s candidates.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from modelhub.gguf.pairing import PairingReport, check_draft_pairing, check_mtp_
 from modelhub.library.create_layers import LayerBuilder
 from modelhub.library.create_request import CreateRequest
 from modelhub.library.views import (
+    DRAFT_AUTO,
     DRAFT_DFLASH,
     DRAFT_EAGLE3,
     DRAFT_MODEL,
     DRAFT_MTP,
     DRAFT_MTP_DRAFTER,
     DRAFT_NGRAM,
+    DRAFT_NONE,
 )
 from modelhub.store import MEDIA_DRAFT, Layer
 
@@ -38,6 +41,9 @@ def apply_draft(
     layers = [lay for lay in layers if lay.media_type != MEDIA_DRAFT]
     config = {k: v for k, v in config.items() if k != "draft"}
     choice = (req.draft or "").strip()
+    if choice.lower() in (DRAFT_AUTO, DRAFT_NONE):
+        config["draft"] = {"kind": choice.lower()}
+        return layers, config
     if choice.lower() == DRAFT_NGRAM:
         config["draft"] = {"kind": DRAFT_NGRAM}
         return layers, config
@@ -80,6 +86,8 @@ def apply_draft(
         "parameter_size": draft.parameter_size,
         "file_type": draft.file_type,
     }
+    if req.draft_sidecar:
+        config["draft"]["sidecar"] = True
     return [*layers, draft_layer], config
 
 
@@ -112,7 +120,7 @@ def _draft_from_model(builder: LayerBuilder, ref: str) -> Layer:
     view = builder.stored_model(
         ref,
         "DRAFT",
-        not_a_name="not mtp, ngram, a file or a model name",
+        not_a_name="not auto, none, mtp, ngram, a file or a model name",
         missing="pull or create it first",
     )
     if view.model_layer is None:

@@ -24,7 +24,8 @@ class CreateRequest:
     files: dict[str, str] = field(default_factory=dict)
     adapters: dict[str, str] = field(default_factory=dict)
     draft_files: dict[str, str] = field(default_factory=dict)
-    draft: str | None = None  # "mtp" | "ngram" | a model name (our DRAFT extension)
+    draft: str | None = None  # "auto" | "none" | "mtp" | "ngram" | a model name (DRAFT)
+    draft_sidecar: bool = False  # draft_files came with a pull: a candidate of DRAFT auto
     template: str | None = None
     system: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)

@@ -26,6 +26,7 @@ def installer(store: Store) -> Installer:
             model=fetched.name,
             files=dict(fetched.files),
             draft_files=dict(fetched.drafts),
+            draft_sidecar=bool(fetched.drafts),
             template=fetched.template,
             parameters=dict(fetched.parameters),
         )

@@ -47,6 +47,8 @@ DRAFT_MTP_DRAFTER = "mtp_drafter"
 DRAFT_NGRAM = "ngram"
 DRAFT_EAGLE3 = "eagle3"  # an EAGLE-3 head reading target layers' hidden states
 DRAFT_DFLASH = "dflash"  # a DFlash block drafter reading target layers' hidden states
+DRAFT_AUTO = "auto"  # choose among the model's drafters by measurement (the default)
+DRAFT_NONE = "none"  # no drafting
 
 
 @dataclass

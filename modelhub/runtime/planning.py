@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from modelhub.config import DEFAULT_CONTEXT_LENGTH
 from modelhub.errors import InputError, ModelfileError
+from modelhub.gguf.info import GGUFInfo
+from modelhub.library.drafters import auto_drafters, draft_mode, fixed_drafter
 from modelhub.library.views import (
     DRAFT_DFLASH,
     DRAFT_EAGLE3,
@@ -22,6 +25,7 @@ from modelhub.library.views import (
     DRAFT_MTP_DRAFTER,
     DRAFT_NGRAM,
     ModelView,
+    ModelViews,
 )
 from modelhub.modelfile import check_parameter, coerce_option
 from modelhub.runtime.memory import adapters_estimate, estimate
@@ -56,6 +60,7 @@ RUNTIME_KEYS = (
     "seed",
     "stop",
     "draft_num_predict",
+    "draft",
 )
 DEFAULT_DRAFT_LEN = {
     DRAFT_MODEL: 4,
@@ -69,11 +74,28 @@ DEFAULT_DRAFT_LEN = {
 PREDICTION_DRAFT_LEN = 16
 
 
+# A request's ``draft`` option besides a drafter's name.
+DRAFT_CHOICES = ("auto", "off")
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """The daemon's side of drafting: ``views`` finds draft models in the store and each
+    model's state directory (None: neither), ``default`` is ``MODELHUB_DRAFT`` (how models
+    without a DRAFT line draft), ``catalog_drafts`` the catalog's suggestions for a model."""
+
+    views: ModelViews | None = None
+    default: str = "auto"
+    ngram_persist: bool = True
+    catalog_drafts: Callable[[ModelView], list[str]] | None = None
+
+
 @dataclass
 class Plan:
     spec: LoadSpec
     options: dict[str, Any]  # runtime GenerateOptions fields
     draft_kind: str
+    drafters: list[str] = field(default_factory=list)  # names a request's ``draft`` may use
 
 
 def merged_options(view: ModelView, request_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -83,6 +105,11 @@ def merged_options(view: ModelView, request_options: dict[str, Any] | None) -> d
     for key, value in (request_options or {}).items():
         if value is None:
             continue
+        if key == "rpc_servers":  # SEC-22: never a connection a remote party chooses
+            raise InputError(
+                "option rpc_servers cannot be set by a request: RPC workers come from the "
+                "daemon's MODELHUB_RPC_SERVERS or a Modelfile PARAMETER the user created"
+            )
         merged[key] = coerce_option(key, value)
         for item in merged[key] if isinstance(merged[key], list) else [merged[key]]:
             try:
@@ -105,9 +132,11 @@ def plan(
     num_threads: int = 0,
     num_ctx: int = DEFAULT_NUM_CTX,
     prediction: bool = False,
+    drafting: DraftSettings | None = None,
 ) -> Plan:
     """``num_ctx`` is the context when neither the request nor the model sets one (the
     daemon's ``MODELHUB_CONTEXT_LENGTH``)."""
+    drafting = drafting or DraftSettings()
     if view.model_path is None or view.info is None:
         raise InputError(f"model '{view.name.display}' has no GGUF weights to load")
     opts = merged_options(view, request_options)
@@ -122,25 +151,14 @@ def plan(
         num_ctx = trained
     num_ctx = max(num_ctx, 16)
 
-    draft = view.draft or {}
-    kind = str(draft.get("kind") or "none")
-    engine_kind = {
-        DRAFT_MODEL: "draft_model",
-        DRAFT_MTP: "mtp",
-        DRAFT_MTP_DRAFTER: "mtp",
-        DRAFT_NGRAM: "ngram",
-        DRAFT_EAGLE3: "eagle3",
-        DRAFT_DFLASH: "dflash",
-    }.get(kind, "none")
-    bound = int(view.parameters.get("draft_num_predict", DEFAULT_DRAFT_LEN.get(kind, 0)))
+    draft = _draft_config(view, drafting)
+    bound = int(draft.config["draft_num_predict"])
     config: dict[str, Any] = {
         "model_path": str(view.model_path),
         "n_ctx": num_ctx,
         "n_batch": int(opts.get("num_batch") or 512),
         "n_threads": int(opts.get("num_thread") or num_threads or 0),
-        "draft_kind": engine_kind if bound > 0 else "none",
-        "draft_path": str(view.draft_path) if view.draft_path and kind == DRAFT_MODEL else None,
-        "draft_num_predict": bound,
+        **draft.config,
         "draft_min": int(opts.get("draft_min") or 0),
         "draft_p_min": float(opts.get("draft_p_min") or 0.0),
         # 0: the daemon's MODELHUB_NUM_PARALLEL, else automatic (the scheduler decides).
@@ -158,8 +176,6 @@ def plan(
     if view.adapter_paths:
         # Only when present: models without one keep their runner identity.
         config["adapter_paths"] = [str(p) for p in view.adapter_paths]
-    if kind in (DRAFT_MTP_DRAFTER, DRAFT_EAGLE3, DRAFT_DFLASH) and view.draft_path is not None:
-        config["draft_path"] = str(view.draft_path)
     if config["n_batch"] < bound + 1:
         raise InputError(f"num_batch {config['n_batch']} must be at least draft_num_predict + 1")
     runtime = {k: opts[k] for k in RUNTIME_KEYS if k in opts}
@@ -169,12 +185,13 @@ def plan(
         runtime["draft_num_predict"] = min(limit, config["n_batch"] - 1)
     elif "draft_num_predict" in runtime:
         runtime["draft_num_predict"] = min(int(runtime["draft_num_predict"]), bound)
+    _check_draft_option(view, runtime, draft.names)
     if "stop" in runtime and isinstance(runtime["stop"], str):
         runtime["stop"] = [runtime["stop"]]
     details = view.details()
     memory = estimate(view.info, num_ctx, config["n_batch"])
-    if config["draft_path"] and view.draft_info is not None:
-        memory = memory + estimate(view.draft_info, num_ctx, config["n_batch"])
+    for info in draft.model_infos:  # draft models keep a KV cache of their own
+        memory = memory + estimate(info, num_ctx, config["n_batch"])
     memory = memory + adapters_estimate([a.size for a in view.adapters])
     spec = LoadSpec.make(
         view.name.display,
@@ -184,7 +201,77 @@ def plan(
         details,
         memory,
     )
-    return Plan(spec=spec, options=runtime, draft_kind=engine_kind if bound > 0 else "none")
+    return Plan(spec=spec, options=runtime, draft_kind=draft.kind, drafters=draft.names)
+
+
+@dataclass
+class _Draft:
+    config: dict[str, Any]  # EngineConfig's draft fields
+    kind: str  # the engine's draft kind
+    names: list[str]  # the drafters a request may name
+    model_infos: list[GGUFInfo]  # draft models the runner loads (for the memory estimate)
+
+
+def _draft_config(view: ModelView, drafting: DraftSettings) -> _Draft:
+    """The runner's draft settings: ``DRAFT auto`` candidates, a fixed drafter, or none
+    (``library.drafters``); n-gram is always there for requests that name it."""
+    explicit = view.parameters.get("draft_num_predict")
+    mode = draft_mode(view, drafting.default)
+    if explicit == 0:
+        mode = "none"  # PARAMETER draft_num_predict 0 turns drafting off
+    config: dict[str, Any] = {"draft_kind": "none", "draft_num_predict": 0}
+    views = drafting.views
+    if views is not None and view.model_layer is not None:
+        config["state_dir"] = str(views.store.drafting_dir(view.model_layer.digest))
+        if not drafting.ngram_persist:
+            config["ngram_persist"] = False
+    fixed = fixed_drafter(view) if mode == "fixed" else None
+    if fixed is not None:
+        bound = int(explicit if explicit is not None else DEFAULT_DRAFT_LEN[fixed.kind])
+        config.update(
+            draft_kind=fixed.engine_kind,
+            draft_path=str(fixed.path) if fixed.path else None,
+            draft_name=fixed.name,
+            draft_num_predict=bound,
+        )
+        names = [fixed.name] + ([] if fixed.kind == DRAFT_NGRAM else [DRAFT_NGRAM])
+        infos = [fixed.info] if fixed.kind == DRAFT_MODEL and fixed.info else []
+        return _Draft(config, fixed.engine_kind, names, infos)
+    if mode == "none":
+        return _Draft(config, "none", [DRAFT_NGRAM], [])
+    suggested = drafting.catalog_drafts(view) if drafting.catalog_drafts else []
+    found = auto_drafters(view, views, suggested) if views is not None else []
+    candidates: list[dict[str, Any]] = [
+        {
+            "name": o.name,
+            "kind": o.engine_kind,
+            "path": str(o.path) if o.path else None,
+            "max_k": int(explicit if explicit is not None else DEFAULT_DRAFT_LEN[o.kind]),
+        }
+        for o in found
+    ]
+    ngram_bound = int(explicit if explicit is not None else DEFAULT_DRAFT_LEN[DRAFT_NGRAM])
+    config.update(
+        draft_kind="auto",
+        draft_num_predict=max([ngram_bound, *(int(c["max_k"]) for c in candidates)]),
+        draft_candidates=candidates,
+    )
+    infos = [o.info for o in found if o.kind == DRAFT_MODEL and o.info is not None]
+    return _Draft(config, "auto", [o.name for o in found] + [DRAFT_NGRAM], infos)
+
+
+def _check_draft_option(view: ModelView, runtime: dict[str, Any], names: list[str]) -> None:
+    """A request's ``draft``: auto, off, or the name of one of the model's drafters."""
+    choice = runtime.get("draft")
+    if choice is None:
+        return
+    if not isinstance(choice, str):
+        raise InputError('option "draft" must be a string: auto, off or a drafter\'s name')
+    if choice not in (*DRAFT_CHOICES, *names):
+        raise InputError(
+            f"model '{view.name.display}' has no drafter {choice!r}; its drafters: "
+            f"{', '.join(names)} (or auto, off)"
+        )
 
 
 def split_endpoints(value: Any) -> list[str]:

@@ -88,9 +88,34 @@ def _freeze(value: Any) -> Any:
 
 
 def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple) and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+    """What ``_freeze`` made, back as dicts and lists (an empty tuple stays one)."""
+    if not isinstance(value, tuple) or not value:
+        return value
+    if all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value):
         return {k: _thaw(v) for k, v in value}
-    return value
+    return [_thaw(v) for v in value]
+
+
+@dataclass
+class DraftTally:
+    """What a loaded model's drafters did since the load: ``tokens`` generated and
+    ``drafted`` of them from accepted drafts (counted as they stream), guesses checked and kept
+    by finished requests, and the drafter that guessed most in the last one."""
+
+    tokens: int = 0
+    drafted: int = 0
+    checked: int = 0
+    kept: int = 0
+    last_drafter: str | None = None
+
+    def add_token(self, drafted: bool) -> None:
+        self.tokens += 1
+        self.drafted += int(drafted)
+
+    def add_result(self, result: dict[str, Any]) -> None:
+        self.checked += int(result.get("draft_count") or 0)
+        self.kept += int(result.get("draft_accepted_count") or 0)
+        self.last_drafter = result.get("drafter_name") or self.last_drafter
 
 
 @dataclass
@@ -108,6 +133,7 @@ class Loaded:
     slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     running: int = 0
     queued: int = 0
+    drafting: DraftTally = field(default_factory=lambda: DraftTally())
 
     @property
     def usable(self) -> bool:

@@ -7,7 +7,6 @@ from typing import Any
 
 from modelhub.errors import InputError, ModelhubError
 from modelhub.library.views import ModelView
-from modelhub.runtime.planning import plan
 from modelhub.server.generation import run_on_runner
 from modelhub.server.state import ServerState
 
@@ -34,11 +33,9 @@ async def embed_texts(
 ) -> tuple[list[list[float]], int, int]:
     """(vectors, prompt tokens, load nanoseconds)."""
     # The plan of a generation with these options: one loaded runner serves both.
-    p = plan(
+    p = state.plan(
         view,
         options,
-        num_threads=state.settings.num_threads,
-        num_ctx=state.settings.context_length,
     )
     load_ns = 0
     vectors: list[list[float]] = []

@@ -54,9 +54,14 @@ async def run_on_runner(
         if fit is not None:
             msg = {**msg, "prompt": await fit(runner_counter(loaded), context_size(loaded))}
         async for event in loaded.process.request(msg):
-            if event.get("event") == "error":
+            kind_of = event.get("event")
+            if kind_of == "error":
                 kind = ErrorKind.named(str(event.get("kind")))
                 raise error_for_kind(kind, str(event.get("message")))
+            if kind_of == "token":
+                loaded.drafting.add_token(bool(event.get("drafted")))
+            elif kind_of == "done":
+                loaded.drafting.add_result(event.get("result") or {})
             yield event
 
 
@@ -218,7 +223,8 @@ def merge_parts(parts: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, 
 
 
 def final_stats(result: dict[str, Any], started_ns: int, load_ns: int) -> dict[str, Any]:
-    """Ollama's counters (nanoseconds) plus the draft statistics, zero values omitted."""
+    """Ollama's counters (nanoseconds, zero values omitted) plus the draft statistics (all of
+    them once anything was drafted)."""
     stats = {
         "total_duration": time.monotonic_ns() - started_ns,
         "load_duration": load_ns,
@@ -226,7 +232,26 @@ def final_stats(result: dict[str, Any], started_ns: int, load_ns: int) -> dict[s
         "prompt_eval_duration": result.get("prompt_eval_duration_ns", 0),
         "eval_count": result.get("eval_count", 0),
         "eval_duration": result.get("eval_duration_ns", 0),
-        "draft_count": result.get("draft_count", 0),
-        "draft_accepted_count": result.get("draft_accepted_count", 0),
     }
-    return {k: v for k, v in stats.items() if v}
+    return {**{k: v for k, v in stats.items() if v}, **draft_stats(result)}
+
+
+def draft_stats(result: dict[str, Any]) -> dict[str, Any]:
+    """What drafting did for a request (nothing when nothing was drafted): guesses checked and
+    kept, per draft position, the drafter that guessed most, and the speed-up against the
+    controller's estimate of plain decoding for the same tokens."""
+    count = int(result.get("draft_count") or 0)
+    if count <= 0:
+        return {}
+    out: dict[str, Any] = {
+        "draft_count": count,
+        "draft_accepted_count": int(result.get("draft_accepted_count") or 0),
+        "draft_count_by_position": list(result.get("draft_count_by_position") or []),
+        "draft_accepted_by_position": list(result.get("draft_accepted_by_position") or []),
+    }
+    if result.get("drafter_name"):
+        out["drafter"] = result["drafter_name"]
+    plain, spent = result.get("plain_estimate_ns") or 0, result.get("eval_duration_ns") or 0
+    if plain > 0 and spent > 0:
+        out["draft_speedup"] = round(plain / spent, 2)
+    return out

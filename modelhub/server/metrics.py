@@ -1,5 +1,5 @@
 """Prometheus metrics: requests, tokens, loads, queue depth, running and queued sequences and
-draft proposed/accepted per model."""
+draft proposed/accepted per model (and per draft position)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,18 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.draft_accepted_at = Counter(
+            "modelhub_draft_accepted_by_position_tokens",
+            "Draft tokens accepted at each draft position (1 = the first guess of a round)",
+            ["model", "position"],
+            registry=r,
+        )
+        self.draft_proposed_at = Counter(
+            "modelhub_draft_proposed_by_position_tokens",
+            "Draft tokens verified at each draft position",
+            ["model", "position"],
+            registry=r,
+        )
         self.loads = Gauge("modelhub_model_loads", "Runner loads since start", registry=r)
         self.loaded = Gauge("modelhub_models_loaded", "Runners resident now", registry=r)
         self.queue = Gauge("modelhub_queue_depth", "Requests waiting for a runner", registry=r)
@@ -51,6 +63,14 @@ class Metrics:
         self.generated_tokens.labels(model).inc(int(result.get("eval_count") or 0))
         self.draft_proposed.labels(model).inc(int(result.get("draft_count") or 0))
         self.draft_accepted.labels(model).inc(int(result.get("draft_accepted_count") or 0))
+        counts = zip(
+            result.get("draft_count_by_position") or [],
+            result.get("draft_accepted_by_position") or [],
+            strict=False,
+        )
+        for i, (proposed, accepted) in enumerate(counts, start=1):
+            self.draft_proposed_at.labels(model, str(i)).inc(int(proposed))
+            self.draft_accepted_at.labels(model, str(i)).inc(int(accepted))
 
     def render(
         self, loads: int, loaded: int, waiting: int, per_model: dict[str, tuple[int, int]]

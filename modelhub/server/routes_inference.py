@@ -16,7 +16,8 @@ from modelhub.config import MAX_DURATION_SECONDS
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
-from modelhub.runtime.planning import Plan, plan
+from modelhub.runtime.planning import Plan
+from modelhub.runtime.scheduler import Loaded
 from modelhub.server import logprobs, schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.generation import (
@@ -153,11 +154,9 @@ async def _load_only(
             await state.scheduler.unload(view.model_layer.digest)
         reason = "unload"
     else:
-        p = plan(
+        p = state.plan(
             view,
             req.options,
-            num_threads=state.settings.num_threads,
-            num_ctx=state.settings.context_length,
         )
         async with state.scheduler.use(p.spec, req.keep_alive):
             pass
@@ -189,11 +188,9 @@ async def generate(request: Request) -> Response:
         return await _load_only(state, view, req, chat=False)
     think = None if raw_mode else thinking(view, data.get("think"))
     prediction = data.get("prediction") if isinstance(data.get("prediction"), str) else None
-    p = plan(
+    p = state.plan(
         view,
         req.options,
-        num_threads=state.settings.num_threads,
-        num_ctx=state.settings.context_length,
         prediction=bool(prediction),
     )
     p.options["shift"] = field(data, "shift", bool, True)
@@ -256,11 +253,9 @@ async def chat(request: Request) -> Response:
     view = await find_model(state, req.model)
     if not messages:
         return await _load_only(state, view, req, chat=True)
-    p = plan(
+    p = state.plan(
         view,
         req.options,
-        num_threads=state.settings.num_threads,
-        num_ctx=state.settings.context_length,
     )
     p.options["shift"] = field(req.data, "shift", bool, True)
     think = thinking(view, req.data.get("think"))
@@ -336,6 +331,31 @@ async def embeddings_legacy(request: Request) -> Response:
     return JSONResponse({"embedding": vectors[0] if vectors else []})
 
 
+def _ps_draft(loaded: Loaded, config: dict[str, Any]) -> dict[str, Any]:
+    """A loaded model's drafting: how it was configured, and what its drafters did since the
+    load (acceptance of finished requests; the share of streamed tokens that came from
+    accepted drafts, counted live)."""
+    tally = loaded.drafting
+    out: dict[str, Any] = {
+        # A fixed drafter by the kind show and the Modelfile use (``mtp_drafter`` for a Gemma 4
+        # assistant, which the engine runs as ``mtp``); else auto or none.
+        "kind": config.get("draft_name") or config["draft_kind"],
+        "drafters": list(loaded.info.get("default_drafters") or []),
+        "draft_num_predict": config.get("draft_num_predict"),
+        "adaptive": bool(config.get("adaptive", True)),
+        "devices": list(loaded.info.get("draft_devices") or []),
+        "tokens": tally.tokens,
+        "drafted_tokens": tally.drafted,
+        "draft_count": tally.checked,
+        "draft_accepted_count": tally.kept,
+    }
+    if tally.checked:
+        out["acceptance"] = round(tally.kept / tally.checked, 3)
+    if tally.last_drafter:
+        out["in_use"] = tally.last_drafter
+    return out
+
+
 @router.get("/api/ps")
 async def ps(request: Request) -> Response:
     state = get_state(request)
@@ -372,12 +392,7 @@ async def ps(request: Request) -> Response:
             "running": loaded.running,
             "queued": loaded.queued,
         }
-        if config.get("draft_kind", "none") != "none":
-            entry["draft"] = {
-                "kind": config["draft_kind"],
-                "draft_num_predict": config.get("draft_num_predict"),
-                "adaptive": bool(config.get("adaptive", True)),
-                "devices": list(loaded.info.get("draft_devices") or []),
-            }
+        if loaded.info.get("default_drafters") or config.get("draft_kind", "none") != "none":
+            entry["draft"] = _ps_draft(loaded, config)
         models.append(entry)
     return JSONResponse({"models": models})

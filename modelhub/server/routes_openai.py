@@ -23,7 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 from modelhub.errors import InputError, ModelhubError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
-from modelhub.runtime.planning import keep_alive_seconds, plan
+from modelhub.runtime.planning import keep_alive_seconds
 from modelhub.server import logprobs, schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.errors import error_body
@@ -86,6 +86,9 @@ def _options(data: dict[str, Any]) -> dict[str, Any]:
         opts["stop"] = stop
     elif stop is not None:
         raise InputError("stop must be a string or an array of strings")
+    for key in ("draft", "draft_num_predict"):  # modelhub's extensions, as in ``options``
+        if data.get(key) is not None:
+            opts[key] = data[key]
     return opts
 
 
@@ -135,6 +138,22 @@ def _usage(result: dict[str, Any]) -> dict[str, Any]:
     return usage
 
 
+def _timings(result: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``timings`` object (milliseconds), with its draft counters."""
+    prompt_ns = int(result.get("prompt_eval_duration_ns") or 0)
+    eval_ns = int(result.get("eval_duration_ns") or 0)
+    predicted = int(result.get("eval_count") or 0)
+    return {
+        "prompt_n": int(result.get("prompt_eval_count") or 0),
+        "prompt_ms": prompt_ns / 1e6,
+        "predicted_n": predicted,
+        "predicted_ms": eval_ns / 1e6,
+        "predicted_per_second": predicted / (eval_ns / 1e9) if eval_ns > 0 else 0.0,
+        "draft_n": int(result.get("draft_count") or 0),
+        "draft_n_accepted": int(result.get("draft_accepted_count") or 0),
+    }
+
+
 def _finish(result: dict[str, Any], called: bool = False) -> str:
     if called:
         return "tool_calls"
@@ -162,11 +181,9 @@ async def completion_events(
     """The runner's events for a set-up request (metrics recorded at the end)."""
     prompt_text, grammar, fit, top_logprobs = setup.text, setup.grammar, setup.fit, setup.top
     predicted = _prediction(request_data)
-    p = plan(
+    p = state.plan(
         view,
         _options(request_data),
-        num_threads=state.settings.num_threads,
-        num_ctx=state.settings.context_length,
         prediction=bool(predicted),
     )
     options = p.options if top_logprobs is None else {**p.options, "top_logprobs": top_logprobs}
@@ -365,7 +382,8 @@ async def _unstreamed(c: _Completion, events: AsyncIterator[Event]) -> Response:
     else:
         choice["text"] = text
     choice["logprobs"] = _logprobs(c, raws, 0)
-    return JSONResponse(c.envelope(False, choices=[choice], usage=_usage(result)))
+    body = c.envelope(False, choices=[choice], usage=_usage(result), timings=_timings(result))
+    return JSONResponse(body)
 
 
 def _logprobs(c: _Completion, raws: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
@@ -423,7 +441,8 @@ async def _streamed(c: _Completion, events: AsyncIterator[Event]) -> AsyncIterat
                     called = called or bool(part.calls)
                     yield _sse(_chunk(c, part, None, first, raws, offset))
                     first = False
-                yield _sse(_chunk(c, None, _finish(result, called), first))
+                last = _chunk(c, None, _finish(result, called), first)
+                yield _sse({**last, "timings": _timings(result)})
                 if c.include_usage:
                     yield _sse(c.envelope(True, choices=[], usage=_usage(result)))
     except ModelhubError as exc:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from fastapi import Request
 
 from modelhub.config import Settings
-from modelhub.library.views import ModelViews
+from modelhub.errors import ModelhubError
+from modelhub.library.views import ModelView, ModelViews
 from modelhub.runtime.checked_runner import CheckedRunner
+from modelhub.runtime.planning import DraftSettings, Plan, plan
 from modelhub.runtime.scheduler import Scheduler
 from modelhub.server.metrics import Metrics
 from modelhub.server.system import has_local_accelerator
@@ -47,9 +49,37 @@ class ServerState:
         )
         return cls(settings=settings, store=store, views=ModelViews(store), scheduler=scheduler)
 
+    def plan(self, view: ModelView, options: dict[str, Any] | None, **kw: Any) -> Plan:
+        """``runtime.planning.plan`` with this daemon's settings (threads, context, drafting)."""
+        return plan(
+            view,
+            options,
+            num_threads=self.settings.num_threads,
+            num_ctx=self.settings.context_length,
+            drafting=DraftSettings(
+                views=self.views,
+                default=self.settings.draft,
+                ngram_persist=self.settings.ngram_persist,
+                catalog_drafts=catalog_drafts,
+            ),
+            **kw,
+        )
+
     def on_model_changed(self, name: ModelName) -> None:
         """A manifest was written or removed (the scheduler will drop stale runners here)."""
         self.log.debug("model changed: %s", name.display)
+
+
+def catalog_drafts(view: ModelView) -> list[str]:
+    """The model names the catalog suggests as drafts for ``view`` (DRAFT auto's store search
+    takes them whatever their size)."""
+    from modelhub.pull import default_catalog
+
+    try:
+        entry = default_catalog().get(view.name)
+    except ModelhubError:  # an unreadable MODELHUB_CATALOG: pull reports it, drafting goes on
+        return []
+    return [d for d in entry.drafts if d not in ("mtp", "ngram")] if entry else []
 
 
 def get_state(request: Request) -> ServerState:
