@@ -6,7 +6,11 @@ For each configuration, N client threads (N in ``--clients``, default 1, 2, 4, 8
 the wall time from the first request sent to the last answer received. Configurations, one after
 the other on the same GGUF, thread count and context per sequence:
 
-* ``daemon np=4``: ``modelhub serve`` with ``MODELHUB_NUM_PARALLEL=4`` (continuous batching);
+* ``daemon np=4``: ``modelhub serve`` with ``MODELHUB_NUM_PARALLEL=4`` (continuous batching),
+  drafting on by default (``DRAFT auto``);
+* ``daemon np=4 draft off``: the same daemon and model, each request with ``draft: off``; both
+  also on the edit prompt at every client count (drafting on by default must cost under 3 %
+  where nothing drafts and be ahead where n-grams match);
 * ``daemon np=1``: the same with one sequence per model (requests wait in line), the
   one-at-a-time figure the batch is measured against;
 * ``llama-server np=4`` (with ``--llama-server``): ``--parallel 4`` (``-c`` = 4 x the context);
@@ -38,6 +42,8 @@ Ask = Callable[[str], tuple[int, float]]  # prompt -> (tokens generated, TTFT ms
 GOAL_VS_LLAMA_SERVER_AT_4 = 1.0
 GOAL_VS_ONE_AT_A_TIME_AT_4 = 2.0
 GOAL_SINGLE_VS_TODAY = 0.95
+GOAL_AUTO_VS_OFF_PROSE = 0.97  # drafting on by default must not cost where nothing drafts
+GOAL_AUTO_VS_OFF_EDIT = 1.0  # and must be ahead where n-grams match
 SHORT = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -209,7 +215,7 @@ def ratios(section: dict[str, Any]) -> dict[str, Any]:
             rate("daemon np=4 DRAFT ngram", "4"), rate("llama-server np=4 ngram-mod", "4")
         ),
         "ngram_on_prose_vs_plain_at_4": ratio(
-            rate("daemon np=4 DRAFT ngram, prose", "4"), rate("daemon np=4", "4")
+            rate("daemon np=4 DRAFT ngram, prose", "4"), rate("daemon np=4 draft off", "4")
         ),
     }
     goals = {
@@ -219,6 +225,16 @@ def ratios(section: dict[str, Any]) -> dict[str, Any]:
         "ngram_np4_vs_llama_server_ngram_mod_at_4": 1.0,
         "ngram_on_prose_vs_plain_at_4": 0.95,
     }
+    # Drafting on by default (DRAFT auto) against the same daemon with it off, per client count.
+    for n in sorted(agg.get("daemon np=4 draft off", {}), key=int):
+        out[f"auto_vs_off_prose_at_{n}"] = ratio(
+            rate("daemon np=4", n), rate("daemon np=4 draft off", n)
+        )
+        goals[f"auto_vs_off_prose_at_{n}"] = GOAL_AUTO_VS_OFF_PROSE
+        out[f"auto_vs_off_edit_at_{n}"] = ratio(
+            rate("daemon np=4, edit", n), rate("daemon np=4 draft off, edit", n)
+        )
+        goals[f"auto_vs_off_edit_at_{n}"] = GOAL_AUTO_VS_OFF_EDIT
     return {
         key: {
             "value": value,

@@ -549,6 +549,11 @@ def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace)
             daemons[n] = d
             ask = conc.daemon_ask(d.daemon.url, d.model_name, settings.num_predict, options)
             servers.append(conc.Server(f"daemon np={n}", ask))
+        # Drafting is on by default (DRAFT auto); the same daemon with it off, per request.
+        d4 = daemons[4]
+        off = {**options, "draft": "off"}
+        ask = conc.daemon_ask(d4.daemon.url, d4.model_name, settings.num_predict, off)
+        servers.insert(1, conc.Server("daemon np=4 draft off", ask))
         if args.llama_server is not None:
             server = LlamaServer(args.llama_server, model, settings, work / "ls4.log", slots=4)
             stack.callback(server.close)
@@ -563,7 +568,6 @@ def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace)
                 print(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
             raise
         # n-gram drafting at 4 clients on the edit prompt (its best case).
-        d4 = daemons[4]
         r = d4.client.post(
             "/api/create",
             json={"model": "bench-ngram", "from": d4.model_name, "draft": "ngram", "stream": False},
@@ -593,6 +597,12 @@ def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace)
                 )
             )
         edit = conc.edit_prompt()
+        for s in servers[:2]:  # auto and off on the edit prompt, at every client count
+            s.ask(edit)
+            section["aggregate"][f"{s.name}, edit"] = {
+                str(n): conc.aggregate(s.ask, [edit], n, args.per_client) for n in args.clients
+            }
+            print(f"   {s.name}: edit prompt done", flush=True)
         for s in drafting:
             s.ask(edit)
             section["aggregate"][s.name] = {"4": conc.aggregate(s.ask, [edit], 4, args.per_client)}

@@ -19,6 +19,9 @@ g. JSON-schema output (a grammar on every row): n-gram drafting and a prediction
    document the prompt edits, as the model wrote it when asked to copy it) against plain
    decoding under the same grammar, on two edits of a JSON document. Goal: >= 1.3x for the
    better drafter.
+i. ``DRAFT auto``, drafting on by default (``bench/auto.py``): against plain decoding and the
+   drafter a user would pick by hand, on prose, a code edit, the padded target with its draft
+   in the store and the useless 1:1 pair. Goals there.
 h. targets with recurrent state (``bench/recurrent.py``): decode cost with llama.cpp's state
    snapshots, one checkpoint as a fraction of a decode, and drafting on tiny synthetic hybrid
    and Mamba fixtures (no small real one is reachable; ``--fixtures DIR``, see that file). No
@@ -447,6 +450,12 @@ def section_h(args: argparse.Namespace) -> dict[str, Any]:
     return run(args)
 
 
+def section_i(args: argparse.Namespace) -> dict[str, Any]:
+    from auto import section_i as run  # bench/auto.py, beside this script
+
+    return run(args)
+
+
 def report(results: dict[str, Any]) -> None:
     for key in ("a", "b", "c", "f", "g"):
         if key not in results:
@@ -490,6 +499,11 @@ def report(results: dict[str, Any]) -> None:
 
         print(f"\n[h] {results['h']['title']}  (goal: {results['h']['goal']})")
         report_h(results["h"])
+    if "i" in results:
+        from auto import report_i
+
+        print(f"\n[i] {results['i']['title']}  (goal: {results['i']['goal']})")
+        report_i(results["i"])
 
 
 TITLES = {
@@ -501,11 +515,12 @@ TITLES = {
     "f": "a caller's prediction (OpenAI Predicted Outputs) on the edit prompt, greedy",
     "g": "JSON-schema output: n-gram and prediction drafting under the grammar, greedy",
     "h": "recurrent state (tiny qwen35 hybrid, tiny mamba): snapshots, checkpoints, drafting",
+    "i": "DRAFT auto (on by default) vs plain and vs the drafter picked by hand, greedy",
 }
 
 
 def to_json(value: Any) -> Any:
-    if isinstance(value, Cell):
+    if isinstance(value, Cell) or type(value).__name__ == "Cell":  # also bench/auto.py's import
         return value.__dict__
     if isinstance(value, dict):
         return {k: to_json(v) for k, v in value.items()}
@@ -519,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sections", default="abcdefg")
     parser.add_argument("--fixtures", help="section h: the folder of its synthetic fixtures")
-    parser.add_argument("--json", type=Path, default=Path("bench-speculative.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/speculative.json"))
     args = parser.parse_args(argv)
     sections = {
         "a": section_a,
@@ -530,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         "f": section_f,
         "g": section_g,
         "h": section_h,
+        "i": section_i,
     }
     results: dict[str, Any] = {}
     conditions = {
@@ -555,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
                 for c in results[key]["configs"]
             }
     conditions["load_average_end"] = load_average()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(
             {"conditions": conditions, "summary_median_speedup": summary, **to_json(results)},
