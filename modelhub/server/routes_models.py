@@ -44,7 +44,7 @@ async def tags(request: Request) -> Response:
     return JSONResponse({"models": models})
 
 
-@router.post("/api/verify")
+@router.post("/api/verify", openapi_extra=schemas.VERIFY)
 async def verify(request: Request) -> Response:
     """Re-hash the blobs of ``model`` (every model without one): ``{"models": [reports]}``."""
     state = get_state(request)

@@ -73,6 +73,7 @@ EMBED = _body(
 EMBEDDINGS = _body(["model"], model=_STR, prompt=_STR, options=_OBJ, keep_alive=_KEEP_ALIVE)
 SHOW = _body(["model"], model=_STR, verbose=_BOOL, system=_STR, options=_OBJ)
 DELETE = _body(["model"], model=_STR)
+VERIFY = _body([], model=_STR)  # no body (or no model): every model
 COPY = _body(["source", "destination"], source=_STR, destination=_STR)
 PULL = _body(["model"], model=_STR, insecure=_BOOL, no_draft=_BOOL, stream=_BOOL)
 CREATE = _body(
