@@ -17,6 +17,9 @@ import pytest
 from devtools.daemons import Daemon, start_daemon
 from devtools.pullservers import FileServer, HFServer
 from devtools.realmodels import smollm2_q4_1
+from modelhub.library.views import ModelViews
+from modelhub.runtime.planning import DraftSettings, plan
+from modelhub.store import Store, parse_name
 from tests.fixtures.synthetic import write_tiny_llama_pair, write_tiny_mtp
 from tests.fixtures.synthetic_drafters import write_tiny_gemma4, write_tiny_gemma4_assistant
 from tests.fixtures.synthetic_hybrid import write_tiny_qwen35
@@ -248,3 +251,48 @@ def test_a_pulled_gemma4_assistant_drafts_by_default(tmp_path: Path) -> None:
     assert [x["name"] for x in drafting["drafters"]] == ["mtp_drafter", "ngram"], drafting
     assert assisted["response"] == auto["response"] == off["response"]
     assert assisted["drafter"] == "mtp_drafter" and assisted["draft_count"] > 0, assisted
+
+
+def test_when_memory_is_short_the_draft_model_goes_first(tmp_path: Path) -> None:
+    """With memory for the target but not for its store draft beside it, the model loads
+    without the draft and the reply says so (instead of a refusal)."""
+    target, draft = write_tiny_llama_pair(tmp_path)
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(
+        "version: 1\nmodels:\n  tiny-target:latest:\n    description: a test target\n"
+        "    sources:\n      - file: /nonexistent.gguf\n        pinned: false\n"
+        "    drafts: [tiny-draft]\n"
+    )
+    models = tmp_path / "models"
+    env = {"MODELHUB_CATALOG": str(catalog), "MODELHUB_NUM_PARALLEL": "1"}
+    d = start_daemon(models, tmp_path / "daemon.log", env)
+    try:
+        create(d, tmp_path, "tiny-target", f"FROM {target}\n")
+        create(d, tmp_path, "tiny-draft", f"FROM {draft}\n")
+    finally:
+        d.stop()
+    views = ModelViews(Store(models))
+    drafting = DraftSettings(views=views, catalog_drafts=lambda _view: ["tiny-draft"])
+    plan_ = plan(views.get(parse_name("tiny-target")), None, drafting=drafting)
+    assert plan_.spec.lean is not None
+    full = plan_.spec.memory.with_sequences(1, "auto").total
+    lean = plan_.spec.lean.memory.with_sequences(1, "auto").total
+    limit = (full + lean) // 2
+    d = start_daemon(models, tmp_path / "d2.log", {**env, "MODELHUB_MEMORY_LIMIT": str(limit)})
+    try:
+        with d.client() as c:
+            answer = generate(c, "tiny-target", {"temperature": 0, "num_predict": 8}, "the cat")
+            ps = c.get("/api/ps").json()["models"]
+    finally:
+        d.stop()
+    d = start_daemon(models, tmp_path / "d3.log", env)  # memory enough: the draft is loaded
+    try:
+        with d.client() as c:
+            drafted = generate(c, "tiny-target", {"temperature": 0, "num_predict": 8}, "the cat")
+            size = c.get("/api/ps").json()["models"][0]["draft"]["size"]
+    finally:
+        d.stop()
+    assert "draft_note" not in drafted and drafted["response"] == answer["response"]
+    assert size == full - lean
+    assert "'tiny-draft:latest' was not loaded" in answer["draft_note"], answer
+    assert "not loaded" in ps[0]["draft_note"] and ps[0]["draft"]["drafters"] == ["ngram"]

@@ -28,7 +28,7 @@ from modelhub.library.views import (
     ModelViews,
 )
 from modelhub.modelfile import check_parameter, coerce_option
-from modelhub.runtime.memory import adapters_estimate, estimate
+from modelhub.runtime.memory import MemoryEstimate, adapters_estimate, estimate
 from modelhub.runtime.scheduler import LoadSpec
 
 DEFAULT_NUM_CTX = DEFAULT_CONTEXT_LENGTH
@@ -189,18 +189,27 @@ def plan(
     if "stop" in runtime and isinstance(runtime["stop"], str):
         runtime["stop"] = [runtime["stop"]]
     details = view.details()
-    memory = estimate(view.info, num_ctx, config["n_batch"])
+    base = estimate(view.info, num_ctx, config["n_batch"])
+    base = base + adapters_estimate([a.size for a in view.adapters])
+    memory = base
     for info in draft.model_infos:  # draft models keep a KV cache of their own
         memory = memory + estimate(info, num_ctx, config["n_batch"])
-    memory = memory + adapters_estimate([a.size for a in view.adapters])
-    spec = LoadSpec.make(
-        view.name.display,
-        view.stored.digest,
-        view.model_layer.digest if view.model_layer else "",
-        config,
-        details,
-        memory,
-    )
+
+    def spec_of(config: dict[str, Any], memory: MemoryEstimate, **kw: Any) -> LoadSpec:
+        blob = view.model_layer.digest if view.model_layer else ""
+        return LoadSpec.make(
+            view.name.display, view.stored.digest, blob, config, details, memory, **kw
+        )
+
+    lean = None
+    if draft.model_infos:  # when memory is short, the draft models go before the model does
+        lean_config, dropped = _without_draft_models(config)
+        note = (
+            f"the draft model {dropped} was not loaded: there was not memory enough for it "
+            "beside the model, which runs without it"
+        )
+        lean = spec_of(lean_config, base, note=note)
+    spec = spec_of(config, memory, lean=lean)
     return Plan(spec=spec, options=runtime, draft_kind=draft.kind, drafters=draft.names)
 
 
@@ -258,6 +267,17 @@ def _draft_config(view: ModelView, drafting: DraftSettings) -> _Draft:
     )
     infos = [o.info for o in found if o.kind == DRAFT_MODEL and o.info is not None]
     return _Draft(config, "auto", [o.name for o in found] + [DRAFT_NGRAM], infos)
+
+
+def _without_draft_models(config: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``config`` without its draft models, and their names (quoted) for a message."""
+    if config["draft_kind"] == "auto":
+        candidates = config["draft_candidates"]
+        dropped = [c["name"] for c in candidates if c["kind"] == "draft_model"]
+        kept = [c for c in candidates if c["kind"] != "draft_model"]
+        return {**config, "draft_candidates": kept}, ", ".join(f"'{n}'" for n in dropped)
+    lean = {**config, "draft_kind": "none", "draft_path": None, "draft_num_predict": 0}
+    return lean, f"'{config.get('draft_name') or 'draft_model'}'"
 
 
 def _check_draft_option(view: ModelView, runtime: dict[str, Any], names: list[str]) -> None:

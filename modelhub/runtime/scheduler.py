@@ -55,6 +55,9 @@ class LoadSpec:
     config: tuple[tuple[str, Any], ...]
     details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     memory: MemoryEstimate = field(default_factory=MemoryEstimate, compare=False, hash=False)
+    # The same model without its draft models, loaded when memory is short for them (SPEC-13).
+    lean: LoadSpec | None = field(default=None, compare=False, hash=False)
+    note: str = field(default="", compare=False, hash=False)  # why this spec was chosen
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, Any], ...]]:
@@ -68,6 +71,9 @@ class LoadSpec:
         config: dict[str, Any],
         details: dict[str, Any],
         memory: MemoryEstimate | None = None,
+        *,
+        lean: LoadSpec | None = None,
+        note: str = "",
     ) -> LoadSpec:
         return LoadSpec(
             name,
@@ -76,6 +82,8 @@ class LoadSpec:
             tuple(sorted((k, _freeze(v)) for k, v in config.items())),
             dict(details),
             memory or MemoryEstimate(),
+            lean,
+            note,
         )
 
 
@@ -236,19 +244,25 @@ class Scheduler:
 
     async def _acquire(self, spec: LoadSpec, keep_alive: float | None) -> Loaded:
         async with self._load_lock:
-            loaded = self.runners.get(spec.key)
-            if loaded is not None and not loaded.usable:
-                if loaded.process.illegal_instruction and loaded.info.get("repack"):
-                    self._repack_faulted(loaded.spec.name)
-                await self._drop(loaded)
-                loaded = None
+            loaded = await self._usable(spec)
+            if loaded is None and spec.lean is not None:
+                loaded = await self._usable(spec.lean)  # loaded earlier without its drafts
             if loaded is None:
                 memory, sequences = self._needs(spec)
                 # A model that may go to RPC workers or to named GPU layers is not planned
                 # here: how much of it stays in this machine's memory is known only once
                 # llama.cpp has placed it (then counted, see _load).
                 here = MemoryEstimate() if await self._may_offload(spec) else memory
-                self._check_fits(here)  # refuse before unloading anything for it
+                try:
+                    self._check_fits(here)  # refuse before unloading anything for it
+                except InsufficientMemoryError:
+                    if spec.lean is None:
+                        raise
+                    log.info("%s: %s", spec.name, spec.lean.note)
+                    spec = spec.lean  # the draft models go first
+                    memory, sequences = self._needs(spec)
+                    here = memory
+                    self._check_fits(here)
                 await self._replace_same_model(spec)
                 await self._make_room(spec.name, here)
                 loaded = await self._load(spec, keep_alive, memory, sequences)
@@ -261,6 +275,16 @@ class Scheduler:
                 loaded.timer = None
             loaded.expires_at = FOREVER
             return loaded
+
+    async def _usable(self, spec: LoadSpec) -> Loaded | None:
+        """The runner loaded for ``spec``, if it can still serve (a dead one is dropped)."""
+        loaded = self.runners.get(spec.key)
+        if loaded is not None and not loaded.usable:
+            if loaded.process.illegal_instruction and loaded.info.get("repack"):
+                self._repack_faulted(loaded.spec.name)
+            await self._drop(loaded)
+            return None
+        return loaded
 
     async def _may_offload(self, spec: LoadSpec) -> bool:
         """Whether some of ``spec`` may go to RPC workers or a GPU (then how much stays in

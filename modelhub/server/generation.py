@@ -62,6 +62,8 @@ async def run_on_runner(
                 loaded.drafting.add_token(bool(event.get("drafted")))
             elif kind_of == "done":
                 loaded.drafting.add_result(event.get("result") or {})
+                if loaded.spec.note:  # loaded without its draft models: say so
+                    event = {**event, "result": {**event["result"], "note": loaded.spec.note}}
             yield event
 
 
@@ -233,7 +235,10 @@ def final_stats(result: dict[str, Any], started_ns: int, load_ns: int) -> dict[s
         "eval_count": result.get("eval_count", 0),
         "eval_duration": result.get("eval_duration_ns", 0),
     }
-    return {**{k: v for k, v in stats.items() if v}, **draft_stats(result)}
+    out = {**{k: v for k, v in stats.items() if v}, **draft_stats(result)}
+    if result.get("note"):
+        out["draft_note"] = result["note"]
+    return out
 
 
 def draft_stats(result: dict[str, Any]) -> dict[str, Any]:

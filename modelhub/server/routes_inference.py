@@ -331,7 +331,7 @@ async def embeddings_legacy(request: Request) -> Response:
     return JSONResponse({"embedding": vectors[0] if vectors else []})
 
 
-def _ps_draft(loaded: Loaded, config: dict[str, Any]) -> dict[str, Any]:
+def _ps_draft(loaded: Loaded, config: dict[str, Any], kv_cache_type: str) -> dict[str, Any]:
     """A loaded model's drafting: how it was configured, and what its drafters did since the
     load (acceptance of finished requests; the share of streamed tokens that came from
     accepted drafts, counted live)."""
@@ -349,6 +349,11 @@ def _ps_draft(loaded: Loaded, config: dict[str, Any]) -> dict[str, Any]:
         "draft_count": tally.checked,
         "draft_accepted_count": tally.kept,
     }
+    lean = loaded.spec.lean
+    if lean is not None:  # the draft models' share of the estimate (weights, KV, compute)
+        n = loaded.n_parallel  # as the scheduler planned it (MODELHUB_KV_CACHE_TYPE)
+        full = loaded.spec.memory.with_sequences(n, kv_cache_type).total
+        out["size"] = max(0, full - lean.memory.with_sequences(n, kv_cache_type).total)
     if tally.checked:
         out["acceptance"] = round(tally.kept / tally.checked, 3)
     if tally.last_drafter:
@@ -393,6 +398,8 @@ async def ps(request: Request) -> Response:
             "queued": loaded.queued,
         }
         if loaded.info.get("default_drafters") or config.get("draft_kind", "none") != "none":
-            entry["draft"] = _ps_draft(loaded, config)
+            entry["draft"] = _ps_draft(loaded, config, state.settings.kv_cache_type)
+        if spec.note:  # loaded without its draft models (memory)
+            entry["draft_note"] = spec.note
         models.append(entry)
     return JSONResponse({"models": models})
