@@ -62,6 +62,10 @@ if TYPE_CHECKING:  # the engine (llama.cpp) loads only in the runner's own start
 _STOP = object()
 # Numbers per embeddings line: about 1.5 MB of JSON (113 vectors of 576, 16 of 4096).
 EMBED_PIECE_FLOATS = 65536
+# Inputs embedded in one turn of the engine's thread: up to 8 texts or 64 tokens, so that a
+# running generation waits at most about that long per step, while short texts do not pay a
+# handover between threads each.
+EMBED_GROUP_TEXTS, EMBED_GROUP_TOKENS = 8, 64
 
 
 def _rss_bytes() -> int:
@@ -235,16 +239,23 @@ class Runner:
         return True
 
     def _embed(self, rid: str, texts: list[str], cancel: threading.Event) -> None:
-        """Embed ``texts`` one at a time, so that running generations take their steps in
-        between, and send the vectors in pieces (see the protocol above)."""
+        """Embed ``texts`` a few at a time (``EMBED_GROUP_*``), so that running generations take
+        their steps in between, and send the vectors in pieces (see the protocol above)."""
         engine = self.engine
         piece: list[list[float]] = []
-        count = 0
-        for text in texts:
+        group: list[str] = []
+        count = group_tokens = 0
+        for i, text in enumerate(texts):
             if cancel.is_set():
                 raise RequestCancelledError("request canceled")
-            count += len(engine.tokenize(text))
-            piece.extend(engine.embed([text]))
+            tokens = len(engine.tokenize(text))
+            count, group_tokens = count + tokens, group_tokens + tokens
+            group.append(text)
+            full = len(group) >= EMBED_GROUP_TEXTS or group_tokens >= EMBED_GROUP_TOKENS
+            if not full and i + 1 < len(texts):
+                continue
+            piece.extend(engine.embed(group))
+            group, group_tokens = [], 0
             if len(piece) * len(piece[0]) >= EMBED_PIECE_FLOATS:
                 self.send({"id": rid, "event": "vectors", "embeddings": piece})
                 piece = []
