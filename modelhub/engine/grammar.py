@@ -11,28 +11,28 @@ from __future__ import annotations
 
 import ctypes
 import json
-import re
 from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+from llama_cpp.llama_grammar import LlamaGrammar
 
+from modelhub.engine.json_layout import PRETTY, Layout, relayout
 from modelhub.engine.llama import LlamaModel, native_log_mark, native_messages_since
 from modelhub.engine.sampling import FloatArray
 from modelhub.errors import InputError
 
-_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
 def json_grammar() -> str:
-    """GBNF for any JSON value (Ollama's ``format: "json"``)."""
-    return JSON_GBNF
+    """GBNF for any JSON object (Ollama's ``format: "json"``), laid out as schemas are."""
+    return schema_grammar({"type": "object"})
 
 
-def schema_grammar(schema: dict[str, Any] | str) -> str:
-    """GBNF for a JSON schema (Ollama's ``format: {...}``)."""
+def schema_grammar(schema: dict[str, Any] | str, layout: Layout = PRETTY) -> str:
+    """GBNF for a JSON schema (Ollama's ``format: {...}``), with whitespace where ``layout``
+    allows it (``engine.json_layout``: pretty-printed JSON's places by default)."""
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
         gbnf = LlamaGrammar.from_json_schema(text, verbose=False)._grammar
@@ -41,10 +41,10 @@ def schema_grammar(schema: dict[str, Any] | str) -> str:
         raise InputError(
             f"format: the JSON schema cannot be turned into a grammar ({detail})"
         ) from exc
-    # The Python converter allows one optional space between tokens; llama.cpp's own (what its
-    # server and Ollama use) also allows a newline and indentation, which is how models lay
-    # JSON out: forcing one line costs quality, and drafts copied from JSON in the prompt.
-    return re.sub(r"^space ::= .*$", lambda _: f"space ::= {_SPACE}", gbnf, flags=re.M)
+    # The converter allows one optional space after every token; models lay JSON out with
+    # newlines and indentation, and drafts copy that layout from the prompt, so the layout
+    # allows them where pretty-printed JSON has them, and nowhere else.
+    return relayout(gbnf, layout)
 
 
 def format_grammar(fmt: str | dict[str, Any] | None) -> str | None:

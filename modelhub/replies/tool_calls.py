@@ -290,8 +290,11 @@ def _partial_length(text: str, markers: Iterable[str]) -> int:
 def forced_call_grammar(tools: Iterable[Any], marker: str | None, name: str | None = None) -> str:
     """GBNF admitting exactly one call of one of ``tools`` (of ``name`` only, when given) in
     the form ``marker`` implies, with arguments that match the tool's JSON schema: what
-    ``tool_choice`` "required" or a named function guarantees."""
+    ``tool_choice`` "required" or a named function guarantees. The JSON is compact (at most
+    one space after ``:`` and ``,``) and nothing follows the call, so it arrives within a
+    budget just above its own length."""
     from modelhub.engine.grammar import schema_grammar
+    from modelhub.engine.json_layout import COMPACT
 
     choices = []
     for tool in tools:
@@ -315,7 +318,7 @@ def forced_call_grammar(tools: Iterable[Any], marker: str | None, name: str | No
         wanted = f"a function named {name!r}" if name else "a function"
         raise InputError(f"tool_choice asks for {wanted}, but the request's tools have none")
     schema = choices[0] if len(choices) == 1 else {"anyOf": choices}
-    rules = re.sub(r"^root ::=", "forced-call ::=", schema_grammar(schema), flags=re.M)
+    rules = re.sub(r"^root ::=", "forced-call ::=", schema_grammar(schema, COMPACT), flags=re.M)
     opener = (marker or "").strip()
     closer = KNOWN_MARKERS.get(opener, _closer(opener)) if opener else ""
     parts = [_literal(opener), '"\\n"'] if opener else []
