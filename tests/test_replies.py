@@ -65,7 +65,7 @@ RECORDED = [
     (  # Qwen/Hermes: two calls, text before them
         'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
         '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
-        "Let me check.\n\n",
+        "Let me check.",  # the whitespace beside the calls is not content
         [("get_weather", {"city": "Oslo"}), ("get_time", {})],
     ),
     (  # Llama 3.x: bare JSON with "parameters", two calls separated by ";"
@@ -99,7 +99,7 @@ RECORDED = [
     (  # braces and a closing tag inside strings do not end the payload
         '<tool_call>{"name": "get_weather", "arguments": {"city": "a}b</tool_call>{"}}'
         "</tool_call> done",
-        " done",
+        "done",
         [("get_weather", {"city": "a}b</tool_call>{"})],
     ),
 ]
@@ -108,6 +108,26 @@ RECORDED = [
 @pytest.mark.parametrize(("text", "content", "calls"), RECORDED)
 def test_recorded_outputs_of_each_format(text: str, content: str, calls: list) -> None:
     assert _all_sizes(text) == (content, calls)
+
+
+CALL = '{"name": "get_time", "arguments": {}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "content"),
+    [
+        (CALL + "\n\n", ""),  # a forced call, then blank lines
+        ("\n\n  \t\t" + CALL + "\n \t", ""),
+        ("<tool_call>" + CALL + "</tool_call>\n\n<tool_call>" + CALL + "</tool_call>\n", ""),
+        ("Sure.\n\n<tool_call>" + CALL + "</tool_call>\n\nDone.\n", "Sure.Done.\n"),
+        ("No call here.\n\n", "No call here.\n\n"),  # whitespace is content without calls
+        ("  No call.\n\nTwo lines.", "  No call.\n\nTwo lines."),
+    ],
+)
+def test_whitespace_beside_a_call_is_never_content(text: str, content: str) -> None:
+    got, calls = _all_sizes(text, "<tool_call>")
+    assert got == content
+    assert len(calls) == text.count(CALL)
 
 
 MALFORMED = [
@@ -131,8 +151,8 @@ def test_plain_text_streams_without_delay_and_marker_starts_are_held() -> None:
     parser = ToolCallParser(TOOLS)
     assert parser.feed("Hello") == ("Hello", [])
     assert parser.feed(" wor") == (" wor", [])
-    assert parser.feed("ld <tool") == ("ld ", [])  # might be a marker
-    assert parser.feed("s are fun") == ("<tools are fun", [])
+    assert parser.feed("ld <tool") == ("ld", [])  # might be a marker (and the space beside it)
+    assert parser.feed("s are fun") == (" <tools are fun", [])
     assert parser.finish() == ("", [])
 
 

@@ -13,8 +13,11 @@ Models write calls in a handful of forms, all a JSON payload after an optional m
 Markers that are control tokens (``<|python_tag|>``, Mistral's) render as nothing, so the bare
 JSON form also stands for them. A payload is a call only if it parses, names one of the
 request's tools and has object arguments; anything else stays content, word for word, so an
-unparseable reply is never an error. Text around calls stays content too. While a marker may
-be starting, or a payload is incomplete, the text is held back (at most until the reply ends).
+unparseable reply is never an error. Text around calls stays content too, but not the
+whitespace between it and a call: whitespace beside a call is never content (a reply of calls
+and blank lines has empty content, as Ollama's). While a marker may be starting, a payload is
+incomplete or whitespace may turn out to precede a call, the text is held back (at most until
+the reply ends).
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ class ToolCallParser:
             self.closers.setdefault(opener, _closer(opener))
         self._buf = ""
         self._started = False  # the reply has shown something other than whitespace
+        self._after_call = False  # a call just ended: whitespace that follows is not content
+        self._gap = ""  # the whitespace between content and the marker being read
         self._marker: str | None = None  # inside a call: the text that opened it
         self.count = 0
 
@@ -121,7 +126,8 @@ class ToolCallParser:
             if parsed is None:  # incomplete: wait for more text
                 break
             if parsed is False:  # not a call after all: the marker is content
-                content.append(self._marker)
+                content.append(self._gap + self._marker)
+                self._gap = ""
                 self._marker = None
                 self._started = True
                 continue
@@ -132,7 +138,13 @@ class ToolCallParser:
         return "".join(content), calls
 
     def _find_marker(self, content: list[str], final: bool) -> bool:
-        """In text: move content out of the buffer up to a marker (True: one was found)."""
+        """In text: move content out of the buffer up to a marker (True: one was found).
+        Whitespace that ends the buffer is held: it is content only if text follows it."""
+        if self._after_call:
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return False
+            self._after_call = False
         buf = self._buf
         if not self._started:
             stripped = buf.lstrip()
@@ -144,10 +156,13 @@ class ToolCallParser:
             self._started = True
         at, marker = _earliest(buf, self.closers)
         if marker is not None:
-            content.append(buf[:at])
+            before = buf[:at].rstrip()
+            content.append(before)
+            self._gap = buf[len(before) : at]  # content again if no call follows
             self._marker, self._buf = marker, buf[at + len(marker) :]
             return True
         hold = 0 if final else _partial_length(buf, self.closers)
+        hold += len(buf[: len(buf) - hold]) - len(buf[: len(buf) - hold].rstrip())
         content.append(buf[: len(buf) - hold])
         self._buf = buf[len(buf) - hold :]
         return False
@@ -197,7 +212,8 @@ class ToolCallParser:
             next_marker, rest = self._marker, stripped[1:]
         self._buf = rest
         self._marker = next_marker
-        self._started = True
+        self._started = self._after_call = True
+        self._gap = ""
         self.count += len(calls)
         return calls
 
