@@ -3,9 +3,13 @@ API families, and the parser that splits the reply accordingly (``modelhub.repli
 
 - ``think``: true/false or an effort; unset means "think" for a model whose template reasons
   (as Ollama does), asking it of a model that does not is a 400.
+- ``tools``: a model whose template cannot show them refuses them (``does not support tools``,
+  as Ollama answers), unless ``tool_choice`` is ``none``.
 - ``tool_choice``: ``auto`` (the default: calls are parsed from the reply), ``none`` (the tools
-  are not shown to the model), ``required`` or a named function: a grammar built from the
-  tools' JSON schemas makes the reply exactly one call, well-formed and matching its schema.
+  are not shown to the model), ``required`` or a named function in either of OpenAI's shapes
+  (Chat Completions' ``{"type": "function", "function": {"name": ...}}``, the Responses API's
+  ``{"type": "function", "name": ...}``): a grammar built from the tools' JSON schemas makes the
+  reply exactly one call, well-formed and matching its schema.
 """
 
 from __future__ import annotations
@@ -59,22 +63,38 @@ def tool_plan(view: ModelView, tools: list[Any] | None, choice: Any) -> ToolPlan
         if choice not in (None, "none", "auto"):
             raise InputError("tool_choice needs tools: the request has none")
         return ToolPlan(None, None)
-    if choice in (None, "auto"):
-        return ToolPlan(tools, None)
     if choice == "none":
         return ToolPlan(None, None)
-    marker = template_marker(template_text(view))
-    check_schema(tools, "tools")  # their schemas become the forced call's grammar
-    if choice == "required":
-        return ToolPlan(tools, forced_call_grammar(tools, marker))
-    if isinstance(choice, dict):
+    plan = ToolPlan(tools, None)
+    if choice not in (None, "auto"):
+        name = None if choice == "required" else forced_name(choice)
+        check_schema(tools, "tools")  # their schemas become the forced call's grammar
+        marker = template_marker(template_text(view))
+        plan = ToolPlan(tools, forced_call_grammar(tools, marker, name))
+    if not can_use_tools(view):
+        raise InputError(
+            f'"{view.name.display}" does not support tools: its template has no place for '
+            'them; leave tools out, send tool_choice "none", or create the model with a '
+            "TEMPLATE that shows .Tools"
+        )
+    return plan
+
+
+def can_use_tools(view: ModelView) -> bool:
+    return view.info is not None and "tools" in capabilities(view.info, view.template)
+
+
+def forced_name(choice: Any) -> str:
+    """The function a named ``tool_choice`` forces, in Chat Completions' shape or the
+    Responses API's."""
+    if isinstance(choice, dict) and choice.get("type", "function") == "function":
         function = choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
+        name = function.get("name") if isinstance(function, dict) else choice.get("name")
         if isinstance(name, str) and name:
-            return ToolPlan(tools, forced_call_grammar(tools, marker, name))
+            return name
     raise InputError(
-        'tool_choice must be "none", "auto", "required" or '
-        '{"type": "function", "function": {"name": ...}}'
+        'tool_choice must be "none", "auto", "required", '
+        '{"type": "function", "function": {"name": ...}} or {"type": "function", "name": ...}'
     )
 
 

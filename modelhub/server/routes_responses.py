@@ -52,8 +52,8 @@ def chat_request(data: dict[str, Any]) -> dict[str, Any]:
         out["max_tokens"] = data["max_output_tokens"]
     if data.get("tools"):
         out["tools"] = [_tool(t, i) for i, t in enumerate(_list(data["tools"], "tools"))]
-    if data.get("tool_choice") is not None:
-        out["tool_choice"] = _tool_choice(data["tool_choice"])
+    if data.get("tool_choice") is not None:  # every API reads every shape (reply_options)
+        out["tool_choice"] = data["tool_choice"]
     reasoning = data.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
         out["reasoning_effort"] = reasoning["effort"]
@@ -152,12 +152,6 @@ def _tool(tool: Any, index: int) -> dict[str, Any]:
         raise InputError(f"tools[{index}]: only function tools are supported, not {kind!r}")
     function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
     return {"type": "function", "function": function}
-
-
-def _tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
 
 
 # ---- the reply, as output items -----------------------------------------------------------------
