@@ -27,7 +27,7 @@ from modelhub.runtime.planning import keep_alive_seconds
 from modelhub.server import logprobs, schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.errors import error_body
-from modelhub.server.generation import chained, collect, run_on_runner
+from modelhub.server.generation import chained, collect, fitted_prompt, run_on_runner
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
 from modelhub.server.prompts import chat_prompt, generate_prompt
@@ -278,8 +278,9 @@ class _Completion:
 
 
 def _chat_messages(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """OpenAI messages -> the template's: assistant ``tool_calls`` and ``reasoning_content``
-    kept, a ``tool`` result named after the call its ``tool_call_id`` answers."""
+    """OpenAI messages -> the template's: assistant ``tool_calls`` and reasoning
+    (``reasoning_content`` or ``reasoning``) kept, a ``tool`` result named after the call its
+    ``tool_call_id`` answers."""
     raw = data.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InputError("messages must be a non-empty array")
@@ -305,8 +306,10 @@ def _chat_messages(data: dict[str, Any]) -> list[dict[str, Any]]:
                 function = call.get("function")
                 if isinstance(function, dict) and call.get("id"):
                     names[str(call["id"])] = str(function.get("name") or "")
-        if isinstance(m.get("reasoning_content"), str):
-            message["thinking"] = m["reasoning_content"]
+        for key in ("reasoning_content", "reasoning"):  # either name, as clients send it back
+            if isinstance(m.get(key), str):
+                message["thinking"] = m[key]
+                break
         if role == "tool":
             call_id = str(m.get("tool_call_id") or "")
             message["tool_call_id"] = call_id
@@ -339,6 +342,8 @@ async def _run(request: Request, chat: bool) -> Response:
         setup = Setup(text, grammar, None, None, logprobs.completion_requested(data))
     usage_wanted = bool(field(data, "stream_options", dict, {}).get("include_usage"))
     c = _Completion(chat, req.model, req.stream, usage_wanted, setup)
+    if setup.fit is not None and field(data, "_debug_render_only", bool, False):
+        return await _rendered_only(state, view, data, c, setup.fit)
     events = completion_events(state, data, setup, view, started)
     # Up to the first token (or everything, unstreamed): errors keep their status.
     head = await collect(events, request, first_token_only=c.stream)
@@ -348,13 +353,32 @@ async def _run(request: Request, chat: bool) -> Response:
     return StreamingResponse(_streamed(c, chained(head, events)), media_type="text/event-stream")
 
 
+async def _rendered_only(
+    state: ServerState, view: ModelView, data: dict[str, Any], c: _Completion, fit: ChatFit
+) -> Response:
+    """Ollama's ``_debug_render_only`` (as its /v1 answers it): an empty completion whose
+    ``_debug_info.rendered_template`` is the prompt the model would be given, after
+    truncation; nothing is generated (the model is loaded: its tokenizer counts)."""
+    p = state.plan(view, _options(data))
+    text = await fitted_prompt(state, p, keep_alive_seconds(data.get("keep_alive")), fit)
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": ""},
+        "finish_reason": "stop",
+        "logprobs": None,
+    }
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    body = c.envelope(False, choices=[choice], usage=usage)
+    return JSONResponse({**body, "_debug_info": {"rendered_template": text}})
+
+
 def _message(part: ReplyPart, delta: bool) -> dict[str, Any]:
     """A chat ``message`` (or stream ``delta``) with reasoning and tool calls."""
     out: dict[str, Any] = {}
     if part.content or not delta:
         out["content"] = part.content if part.content or not part.calls else None
-    if part.thinking:
-        out["reasoning_content"] = part.thinking
+    if part.thinking:  # both names clients read: Ollama's (and vLLM's) and DeepSeek's
+        out["reasoning"] = out["reasoning_content"] = part.thinking
     if part.calls:
         if delta:  # streamed calls carry their index (the SDKs assemble them by it)
             out["tool_calls"] = [{"index": c.index, **c.openai()} for c in part.calls]
