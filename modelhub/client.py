@@ -34,17 +34,11 @@ _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", "
 ProgressCallback = Callable[[int, int], None]
 
 
-def error_from_response(response: httpx.Response, *, status_prefix: bool = False) -> ModelhubError:
-    """The one place where an error answer of the daemon becomes a typed error.
-
-    With ``status_prefix`` (streaming calls) the message starts with the status line
-    (``404 Not Found: model 'x' not found``), as Ollama's CLI prints it.
-    """
-    text = _error_text(response)
-    status = response.status_code
-    return error_for_status(
-        status, f"{status} {_reason(status)}: {text}" if status_prefix else text
-    )
+def error_from_response(response: httpx.Response) -> ModelhubError:
+    """The one place where an error answer of the daemon becomes a typed error: its class
+    from the status, its message the daemon's own words (the CLI prints ``Error: <message>``
+    whether the call streamed or not)."""
+    return error_for_status(response.status_code, _error_text(response))
 
 
 def _reason(status: int) -> str:
@@ -138,7 +132,7 @@ class Client:
             with self._http.stream(method, path, json=body, headers=headers) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise error_from_response(response, status_prefix=True)
+                    raise error_from_response(response)
                 for line in response.iter_lines():
                     if not line.strip():
                         continue
