@@ -23,8 +23,9 @@ from devtools.daemons import Daemon, start_daemon
 from devtools.realmodels import smollm2_q4_1
 from modelhub.config import Settings
 from modelhub.errors import InputError
+from modelhub.runtime.loadspec import LoadSpec
 from modelhub.runtime.runner_process import LINE_LIMIT, RunnerProcess
-from modelhub.runtime.scheduler import LoadSpec, Scheduler
+from modelhub.runtime.scheduler import Scheduler
 from tests.fixtures.synthetic import write_tiny_llama, write_wide_llama
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from modelhub.errors import InputError
+from modelhub.runtime.loadspec import LoadSpec
 from modelhub.runtime.runner_process import RunnerProcess
-from modelhub.runtime.scheduler import LoadSpec, Scheduler
+from modelhub.runtime.scheduler import Scheduler
 from tests.fixtures.synthetic import write_tiny_llama
 
 

@@ -77,7 +77,6 @@ class EngineConfig:
     draft_min: int = 0
     draft_p_min: float = 0.0
     adaptive: bool = True
-    embedding: bool = False
     draft_n_ctx: int = 0
     repack: bool | None = None
     n_parallel: int = 1

@@ -28,8 +28,8 @@ from modelhub.library.views import (
     ModelViews,
 )
 from modelhub.modelfile import check_parameter, coerce_option
+from modelhub.runtime.loadspec import LoadSpec
 from modelhub.runtime.memory import MemoryEstimate, adapters_estimate, estimate
-from modelhub.runtime.scheduler import LoadSpec
 
 DEFAULT_NUM_CTX = DEFAULT_CONTEXT_LENGTH
 LOAD_KEYS = (
