@@ -1,4 +1,5 @@
-"""``show``'s ``drafting`` object: the drafters a model has, and what they measured.
+"""``show``'s ``drafting`` object (the drafters a model has, and what they measured) and
+``/api/ps``'s ``draft`` (what a loaded model's drafters did since the load).
 
 The figures come from the loaded runner when the model is loaded (``op: drafting``), else from
 what the last load kept in the model's state directory (``engine.drafting_state``): per
@@ -16,6 +17,7 @@ from typing import Any
 from modelhub.errors import ModelhubError
 from modelhub.library.drafters import DrafterOption, auto_drafters, draft_mode, fixed_drafter
 from modelhub.library.views import ModelView
+from modelhub.runtime.scheduler import Loaded
 from modelhub.server.state import ServerState, catalog_drafts
 
 NGRAM = {"name": "ngram", "kind": "ngram", "origin": "built in: guesses from text already seen"}
@@ -61,3 +63,33 @@ async def _measured(state: ServerState, view: ModelView) -> dict[str, Any] | Non
         return None
     summary = doc.get("summary") if isinstance(doc, dict) else None
     return summary if isinstance(summary, dict) else None
+
+
+def ps_draft(loaded: Loaded, config: dict[str, Any], kv_cache_type: str) -> dict[str, Any]:
+    """A loaded model's drafting: how it was configured, and what its drafters did since the
+    load (acceptance of finished requests; the share of streamed tokens that came from
+    accepted drafts, counted live)."""
+    tally = loaded.drafting
+    out: dict[str, Any] = {
+        # A fixed drafter by the kind show and the Modelfile use (``mtp_drafter`` for a Gemma 4
+        # assistant, which the engine runs as ``mtp``); else auto or none.
+        "kind": config.get("draft_name") or config["draft_kind"],
+        "drafters": list(loaded.info.get("default_drafters") or []),
+        "draft_num_predict": config.get("draft_num_predict"),
+        "adaptive": bool(config.get("adaptive", True)),
+        "devices": list(loaded.info.get("draft_devices") or []),
+        "tokens": tally.tokens,
+        "drafted_tokens": tally.drafted,
+        "draft_count": tally.checked,
+        "draft_accepted_count": tally.kept,
+    }
+    lean = loaded.spec.lean
+    if lean is not None:  # the draft models' share of the estimate (weights, KV, compute)
+        n = loaded.n_parallel  # as the scheduler planned it (MODELHUB_KV_CACHE_TYPE)
+        full = loaded.spec.memory.with_sequences(n, kv_cache_type).total
+        out["size"] = max(0, full - lean.memory.with_sequences(n, kv_cache_type).total)
+    if tally.checked:
+        out["acceptance"] = round(tally.kept / tally.checked, 3)
+    if tally.last_drafter:
+        out["in_use"] = tally.last_drafter
+    return out

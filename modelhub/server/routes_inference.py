@@ -17,8 +17,8 @@ from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
 from modelhub.runtime.planning import Plan
-from modelhub.runtime.scheduler import Loaded
 from modelhub.server import logprobs, schemas
+from modelhub.server.drafting_view import ps_draft
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.generation import (
     final_stats,
@@ -331,36 +331,6 @@ async def embeddings_legacy(request: Request) -> Response:
     return JSONResponse({"embedding": vectors[0] if vectors else []})
 
 
-def _ps_draft(loaded: Loaded, config: dict[str, Any], kv_cache_type: str) -> dict[str, Any]:
-    """A loaded model's drafting: how it was configured, and what its drafters did since the
-    load (acceptance of finished requests; the share of streamed tokens that came from
-    accepted drafts, counted live)."""
-    tally = loaded.drafting
-    out: dict[str, Any] = {
-        # A fixed drafter by the kind show and the Modelfile use (``mtp_drafter`` for a Gemma 4
-        # assistant, which the engine runs as ``mtp``); else auto or none.
-        "kind": config.get("draft_name") or config["draft_kind"],
-        "drafters": list(loaded.info.get("default_drafters") or []),
-        "draft_num_predict": config.get("draft_num_predict"),
-        "adaptive": bool(config.get("adaptive", True)),
-        "devices": list(loaded.info.get("draft_devices") or []),
-        "tokens": tally.tokens,
-        "drafted_tokens": tally.drafted,
-        "draft_count": tally.checked,
-        "draft_accepted_count": tally.kept,
-    }
-    lean = loaded.spec.lean
-    if lean is not None:  # the draft models' share of the estimate (weights, KV, compute)
-        n = loaded.n_parallel  # as the scheduler planned it (MODELHUB_KV_CACHE_TYPE)
-        full = loaded.spec.memory.with_sequences(n, kv_cache_type).total
-        out["size"] = max(0, full - lean.memory.with_sequences(n, kv_cache_type).total)
-    if tally.checked:
-        out["acceptance"] = round(tally.kept / tally.checked, 3)
-    if tally.last_drafter:
-        out["in_use"] = tally.last_drafter
-    return out
-
-
 @router.get("/api/ps")
 async def ps(request: Request) -> Response:
     state = get_state(request)
@@ -398,7 +368,7 @@ async def ps(request: Request) -> Response:
             "queued": loaded.queued,
         }
         if loaded.info.get("default_drafters") or config.get("draft_kind", "none") != "none":
-            entry["draft"] = _ps_draft(loaded, config, state.settings.kv_cache_type)
+            entry["draft"] = ps_draft(loaded, config, state.settings.kv_cache_type)
         if spec.note:  # loaded without its draft models (memory)
             entry["draft_note"] = spec.note
         models.append(entry)
