@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from modelhub.engine.speculative.adaptive import (
     restore_verify_costs,
     verify_costs_state,
 )
+from modelhub.engine.speculative.ngram_file import write_atomic
 
 if TYPE_CHECKING:
     from modelhub.engine.options import EngineConfig, GenerateResult
@@ -163,7 +162,7 @@ class DraftingMemory:
             return
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            _write_atomically(self.dir / STATE_FILE, json.dumps(doc, indent=1).encode())
+            write_atomic(self.dir / STATE_FILE, json.dumps(doc, indent=1).encode())
             if pool is not None:
                 pool.save(self.dir / NGRAM_FILE)
         except OSError as exc:
@@ -228,19 +227,6 @@ class DraftingMemory:
             "in_use": best_row["name"] if best_row else None,
             "requests": self.total_requests,
         }
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class DraftLearning:
