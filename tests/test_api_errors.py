@@ -157,7 +157,14 @@ def cli(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
+
+
+def default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it, even when the suite itself was started in the
+    background (a shell's ``&`` makes its children ignore SIGINT, and Python keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def cli_env(port: int) -> dict[str, str]:

@@ -250,11 +250,14 @@ def test_targets_with_recurrent_state_draft(daemon: Daemon, tmp_path: Path) -> N
     the daemon, with the same greedy text as without a drafter; ``show`` names the drafter."""
     qwen35 = write_tiny_qwen35(tmp_path / "qwen35.gguf")
     mamba = write_tiny_mamba(tmp_path / "mamba.gguf")
+    # Fixed draft lengths: what drafting learned on these weights elsewhere in the session
+    # (kept per weights, SPEC-16) cannot talk these requests out of drafting.
+    fixed = "PARAMETER draft_adaptive false\n"
     created = {
-        "tiny-qwen35-mtp": f"FROM {qwen35}\nDRAFT mtp\n",
-        "tiny-qwen35": f"FROM {qwen35}\n",
-        "tiny-mamba-ngram": f"FROM {mamba}\nDRAFT ngram\n",
-        "tiny-mamba": f"FROM {mamba}\n",
+        "tiny-qwen35-mtp": f"FROM {qwen35}\nDRAFT mtp\n{fixed}",
+        "tiny-qwen35": f"FROM {qwen35}\nDRAFT none\n",
+        "tiny-mamba-ngram": f"FROM {mamba}\nDRAFT ngram\n{fixed}",
+        "tiny-mamba": f"FROM {mamba}\nDRAFT none\n",
     }
     for name, text in created.items():
         ok(daemon.cli("create", name, "-f", str(modelfile(tmp_path, text))))

@@ -854,7 +854,13 @@ def test_one_shot_ctrl_c_exits_130_and_hangs_up(slow_server: str) -> None:
         " wordwrap=True, show_draft=False, out=sys.stdout, err=sys.stderr)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # Ctrl-C as a terminal delivers it, even when the suite runs in the background (a
+        # shell's ``&`` makes its children ignore SIGINT, and Python keeps that).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     assert proc.stdout.read(4) == b"tok "  # the answer is streaming
