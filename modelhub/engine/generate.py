@@ -59,6 +59,7 @@ from modelhub.engine.speculative.factory import (
 )
 from modelhub.engine.speculative.ngram import NgramPool
 from modelhub.engine.textstream import Committer
+from modelhub.engine.vision import IMAGES_WITH_OBSERVERS, ImageSpan, Projector, open_projector
 from modelhub.errors import InputError
 
 __all__ = [
@@ -156,6 +157,12 @@ class Engine:
                 f"{self.ctx.n_rs_seq} state snapshots" if self.ctx.n_rs_seq else "checkpoints",
             )
         self._embed_ctx: LlamaContext | None = None
+        self.projector: Projector | None = None
+        try:
+            self.projector = open_projector(self.model, cfg, self.n_threads, self.offload.devices)
+        except BaseException:
+            self.close()
+            raise
         self.drafting_disabled: str | None = None
         if cfg.draft_kind == "mtp" and cfg.draft_path is not None and not _runnable_mtp_file(cfg):
             # Other external drafter architectures (not MTP-only files, not Gemma 4
@@ -270,11 +277,14 @@ class Engine:
         on_token: Callable[[TokenEvent], None] | None = None,
         cancel: threading.Event | None = None,
         prediction: list[int] | None = None,
+        images: list[ImageSpan] | None = None,
     ) -> None:
         """Queue a request and return at once; ``on_done(result, None)`` or
         ``on_done(None, error)`` is called from the batch thread when it ends. A prompt that
         cannot be served raises here."""
         self._check_prompt(prompt_tokens)
+        if images and self.slots[0].observers():
+            raise InputError(IMAGES_WITH_OBSERVERS)
         options = bounded_num_predict(options, self.n_ctx)
         constraint = GrammarConstraint(self.model, options.grammar) if options.grammar else None
         sampler = Sampler(
@@ -285,7 +295,7 @@ class Engine:
             sampler.couple()
         committer = Committer(self.model, options, on_token, cancel)
         gen = Generation(
-            self, list(prompt_tokens), options, sampler, committer, prediction, on_done
+            self, list(prompt_tokens), options, sampler, committer, prediction, on_done, images
         )
         self._loop.submit(gen)
 
@@ -363,6 +373,9 @@ class Engine:
         if self._embed_ctx is not None:
             self._embed_ctx.close()
             self._embed_ctx = None
+        projector: Projector | None = getattr(self, "projector", None)
+        if projector is not None:
+            projector.close()
         if getattr(self, "ctx", None) is not None:
             self.ctx.close()
         self.model.close()

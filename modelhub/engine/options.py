@@ -83,6 +83,7 @@ class EngineConfig:
     kv_cache_type: str = "auto"
     adapter_paths: list[Path] = field(default_factory=list)
     adapter_scale: float = 1.0
+    projector_path: Path | None = None  # a vision projector (mmproj) GGUF: images in prompts
     recurrent_rollback: Literal["auto", "checkpoint"] = "auto"
     num_gpu: int = -1
     flash_attn: bool = True

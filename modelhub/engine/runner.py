@@ -6,7 +6,9 @@ native code costs that model, not the daemon. The protocol (one JSON object per 
 daemon -> runner
   {"op": "load", "config": {EngineConfig fields}}
   {"op": "generate", "id": "...", "prompt": "text", "context": [ids] | null,
-   "options": {GenerateOptions fields}, "prediction": "text" | null, "grammar": GBNF | null}
+   "options": {GenerateOptions fields}, "prediction": "text" | null, "grammar": GBNF | null,
+   "image_marker": "regex with one group, the image's index" | absent,
+   "images": {"index": {"width": n, "height": n, "rgb": base64}} | absent}
   {"op": "embed", "id": "...", "texts": ["..."]}
   {"op": "tokenize", "id": "...", "text": "...", "add_special": true}
   {"op": "count", "id": "...", "texts": ["..."], "add_special": true}   (token counts)
@@ -269,7 +271,13 @@ class Runner:
         context = [int(t) for t in msg.get("context") or []]
         prompt = str(msg.get("prompt") or "")
         engine.check_prompt_size(prompt, len(context))
-        tokens = context + engine.tokenize(prompt, add_special=not context, cancel=cancel)
+        images = None
+        if msg.get("images"):  # the prompt's image markers and their pixels (``vision``)
+            from modelhub.engine.vision import prompt_with_images
+
+            tokens, images = prompt_with_images(engine, prompt, context, msg, cancel)
+        else:
+            tokens = context + engine.tokenize(prompt, add_special=not context, cancel=cancel)
         known = {f.name for f in fields(GenerateOptions)} - {"acceptance_rule"}
         given = {k: v for k, v in (msg.get("options") or {}).items() if k in known}
         if msg.get("grammar"):  # GBNF, converted from ``format`` by the daemon at the door
@@ -300,7 +308,15 @@ class Runner:
             finally:
                 self._forget(rid)
 
-        engine.submit(tokens, opts, on_done, on_token=on_token, cancel=cancel, prediction=predicted)
+        engine.submit(
+            tokens,
+            opts,
+            on_done,
+            on_token=on_token,
+            cancel=cancel,
+            prediction=predicted,
+            images=images,
+        )
 
 
 def _logprob_entry(engine: Engine, lp: TokenLogprob) -> dict[str, Any]:

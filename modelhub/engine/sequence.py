@@ -32,6 +32,7 @@ from modelhub.engine.speculative.choice import Member, load_bucket
 from modelhub.engine.speculative.draft_model import common_prefix
 from modelhub.engine.speculative.factory import TargetObserver
 from modelhub.engine.textstream import Committer
+from modelhub.engine.vision import ImageSpan, keep_spans, prefill_images, reusable
 from modelhub.errors import ModelhubError
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class Slot:
     last_used: float = 0.0
     busy: bool = False
     recurrent: RecurrentState = field(default_factory=RecurrentState)  # see ``rollback``
+    images: list[ImageSpan] = field(default_factory=list)  # the images in its KV sequence
 
     @property
     def drafter(self) -> Drafter | None:
@@ -68,6 +70,7 @@ class Slot:
     def reset(self) -> None:
         """The sequence was cleared: nothing of it is cached any more."""
         self.cached.clear()
+        self.images.clear()
         self.recurrent = RecurrentState()
 
 
@@ -83,9 +86,11 @@ class Generation:
         committer: Committer,
         prediction: list[int] | None,
         on_done: OnDone,
+        images: list[ImageSpan] | None = None,
     ) -> None:
         self.engine = engine
         self.prompt = prompt
+        self.images = images or []  # the prompt's image spans (``vision``)
         self.options = options
         self.sampler = sampler
         self.committer = committer
@@ -119,6 +124,7 @@ class Generation:
             )
         prompt = self.prompt
         reuse = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
+        reuse = reusable(slot.images, self.images, reuse)
         reuse = engine.rollback.reuse(slot.seq, slot.cached, slot.recurrent, reuse)
         followed = []  # (observer, the position it follows from)
         for observer in slot.observers():
@@ -129,6 +135,7 @@ class Generation:
         for observer, position in followed:
             if reuse < position:  # the target went back further (a checkpoint, another observer)
                 observer.rollback(reuse)
+        keep_spans(slot, reuse)
         self.reused = self.next_pos = reuse
         self.t_start = time.perf_counter_ns()
         self.phase = "prefill"
@@ -139,8 +146,9 @@ class Generation:
         token in chunks, then the last token alone, so its logits (the first generated token)
         come from a one-row evaluation of this sequence whatever was cached."""
         last = len(self.prompt) - 1
+        upto = prefill_images(self) if self.images else last
         if self.next_pos < last:
-            return self.prompt[self.next_pos : min(self.next_pos + budget, last)]
+            return self.prompt[self.next_pos : min(self.next_pos + budget, last, upto)]
         return [self.prompt[last]] if budget > 0 else []
 
     def after_prefill(self, chunk: list[int], logits: RowLogits, row: int) -> None:
@@ -326,7 +334,7 @@ class Generation:
         it off or the memory cannot shift."""
         assert self.slot is not None
         engine, slot = self.engine, self.slot
-        if not self.options.shift:
+        if not self.options.shift or slot.images:  # never cut inside an image
             return False
         keep = keep_count(self.options.num_keep, self.prompt, engine.model, engine.n_ctx)
         discard = shift_sequence(engine, slot, self.tokens, keep)

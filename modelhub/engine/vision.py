@@ -1,0 +1,279 @@
+"""Images in a prompt: a projector (mmproj) GGUF loaded with llama.cpp's libmtmd, images turned
+into embeddings once, and those embeddings evaluated into a sequence's KV cache.
+
+A prompt with images is a token list in which each image holds ``n_tokens`` positions filled
+with a placeholder token (so that everything that reads a request's tokens, samplers, n-gram
+and draft-model drafters, sees ordinary token ids: a draft model sees text only), plus one
+:class:`ImageSpan` per image with its embeddings. The prompt cache compares spans by the
+image's digest as well as by tokens, so a different image at the same place is never reused,
+and a reuse point never falls inside an image.
+
+Encoding runs on the runner's request thread (before the request joins the batch); the spans
+are evaluated on the batch thread, one ``llama_decode`` of embeddings per image, just before
+the text that follows them (:func:`prefill_images`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+from llama_cpp import mtmd_cpp as mtmd
+
+from modelhub.engine.llama import LlamaContext, LlamaModel, native_log_mark, native_messages_since
+from modelhub.errors import GGUFError, InputError, ModelhubError
+
+if TYPE_CHECKING:
+    from modelhub.engine.sequence import Generation, Slot
+
+log = logging.getLogger("modelhub.vision")
+IMAGES_WITH_OBSERVERS = (
+    "images with a drafter that reads the target's hidden states (MTP, EAGLE-3, DFlash) are "
+    'not supported yet: send options {"draft": "off"} or use DRAFT ngram or a draft model'
+)
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """One image's place in a prompt: ``n_tokens`` positions from ``start``."""
+
+    start: int
+    n_tokens: int
+    digest: str  # of the pixels and their size: the prompt cache's identity of the image
+    embd: npt.NDArray[np.float32]  # (n_tokens, n_embd)
+    non_causal: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_tokens
+
+    def same_as(self, other: ImageSpan) -> bool:
+        return (self.start, self.n_tokens, self.digest) == (
+            other.start,
+            other.n_tokens,
+            other.digest,
+        )
+
+
+@dataclass(frozen=True)
+class RawImage:
+    """Decoded pixels as the daemon sends them: RGB, 8 bits a channel, row by row."""
+
+    width: int
+    height: int
+    rgb: bytes
+
+
+class Projector:
+    """A loaded projector paired with the target model (libmtmd checks the widths again)."""
+
+    def __init__(self, model: LlamaModel, path: Path, n_threads: int, use_gpu: bool) -> None:
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.n_threads = n_threads
+        params.print_timings = False
+        params.warmup = False
+        mark = native_log_mark()
+        handle = mtmd.mtmd_init_from_file(str(path).encode(), model.handle, params)
+        if not handle:
+            detail = native_messages_since(mark) or "no details"
+            raise GGUFError(f"libmtmd could not load the projector {path.name}: {detail}")
+        self.handle: Any = handle
+        self.model = model
+        if mtmd.mtmd_decode_use_mrope(handle):
+            self.close()
+            raise InputError(
+                f"projector {path.name} uses M-RoPE positions (Qwen-VL family): "
+                "not supported by this engine yet"
+            )
+        if not mtmd.mtmd_support_vision(handle):
+            self.close()
+            raise InputError(f"projector {path.name} has no vision encoder")
+        # any id the tokenizer has: what drafters and samplers see at image positions
+        self.placeholder = model.bos if 0 <= model.bos < model.n_vocab else 0
+
+    def encode(self, image: RawImage) -> list[list[int] | ImageSpan]:
+        """The pieces ``image`` becomes: token lists (a projector's begin/end-of-image
+        tokens, if it has any) and one image span (``start`` 0: placed by the caller)."""
+        if len(image.rgb) != image.width * image.height * 3:
+            raise InputError("image pixels do not match its size")
+        buf = (ctypes.c_uint8 * len(image.rgb)).from_buffer_copy(image.rgb)
+        bitmap = mtmd.mtmd_bitmap_init(image.width, image.height, buf)
+        chunks = mtmd.mtmd_input_chunks_init()
+        if not bitmap or not chunks:
+            raise ModelhubError("libmtmd could not allocate an image")
+        try:
+            part = mtmd.mtmd_input_part(None, bitmap)
+            parts = (ctypes.POINTER(mtmd.mtmd_input_part) * 1)(ctypes.pointer(part))
+            mark = native_log_mark()
+            if mtmd.mtmd_tokenize_from_parts(self.handle, chunks, parts, 1, False) != 0:
+                raise InputError(
+                    f"the projector cannot take this image: "
+                    f"{native_messages_since(mark) or 'no details'}"
+                )
+            digest = hashlib.sha256(
+                f"{image.width}x{image.height}:".encode() + image.rgb
+            ).hexdigest()
+            return [
+                self._piece(mtmd.mtmd_input_chunks_get(chunks, i), digest)
+                for i in range(mtmd.mtmd_input_chunks_size(chunks))
+            ]
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
+            mtmd.mtmd_bitmap_free(bitmap)
+
+    def _piece(self, chunk: Any, digest: str) -> list[int] | ImageSpan:
+        kind = mtmd.mtmd_input_chunk_get_type(chunk)
+        if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+            n = ctypes.c_size_t(0)
+            ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+            return [int(ids[i]) for i in range(n.value)]
+        if kind != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            raise InputError("the projector turned an image into something other than an image")
+        mark = native_log_mark()
+        if mtmd.mtmd_encode_chunk(self.handle, chunk) != 0:
+            raise ModelhubError(f"image encoding failed: {native_messages_since(mark)}")
+        n_tokens = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
+        out = mtmd.mtmd_get_output_embd(self.handle)
+        dim = self.model.n_embd
+        embd = np.ctypeslib.as_array(out, shape=(n_tokens * dim,)).reshape(n_tokens, dim).copy()
+        causal = not mtmd.mtmd_decode_use_non_causal(self.handle, chunk)
+        return ImageSpan(0, n_tokens, digest, embd, non_causal=not causal)
+
+    def close(self) -> None:
+        if self.handle:
+            mtmd.mtmd_free(self.handle)
+            self.handle = None
+
+
+def open_projector(model: LlamaModel, cfg: Any, n_threads: int, devices: Any) -> Projector | None:
+    """The configured projector (``EngineConfig.projector_path``), on the GPU when the model
+    is offloaded to one."""
+    if cfg.projector_path is None:
+        return None
+    return Projector(model, Path(cfg.projector_path), n_threads, use_gpu=bool(devices))
+
+
+def build_prompt(
+    projector: Projector, pieces: list[list[int] | RawImage]
+) -> tuple[list[int], list[ImageSpan]]:
+    """Token ids and image spans of a prompt given as text token lists and images."""
+    tokens: list[int] = []
+    spans: list[ImageSpan] = []
+    for piece in pieces:
+        parts = projector.encode(piece) if isinstance(piece, RawImage) else [piece]
+        for part in parts:
+            if isinstance(part, ImageSpan):
+                span = replace(part, start=len(tokens))
+                spans.append(span)
+                tokens.extend([projector.placeholder] * span.n_tokens)
+            else:
+                tokens.extend(part)
+    if spans and spans[-1].end >= len(tokens):
+        raise InputError("the prompt cannot end with an image: text must follow it")
+    return tokens, spans
+
+
+def reusable(cached: list[ImageSpan], wanted: list[ImageSpan], reuse: int) -> int:
+    """How much of a sequence's cache a prompt may keep, given ``reuse`` matching tokens: no
+    further than the first image that differs, never inside an image."""
+    for had, want in zip(cached, wanted, strict=False):
+        if not had.same_as(want):
+            reuse = min(reuse, had.start, want.start)
+            break
+    else:
+        if len(cached) > len(wanted):
+            reuse = min(reuse, cached[len(wanted)].start)
+        elif len(wanted) > len(cached):
+            reuse = min(reuse, wanted[len(cached)].start)
+    for span in (*cached, *wanted):
+        if span.start < reuse < span.end:
+            reuse = span.start
+    return reuse
+
+
+def keep_spans(slot: Slot, upto: int) -> None:
+    """The slot's cache was cut back to ``upto`` positions: forget the images past it."""
+    slot.images = [s for s in slot.images if s.end <= upto]
+
+
+def prefill_images(gen: Generation) -> int:
+    """Evaluate the images that start at the request's next prompt position (on the batch
+    thread); returns where the next image starts (or the prompt's length)."""
+    slot = gen.slot
+    assert slot is not None
+    for span in gen.images:
+        if span.start == gen.next_pos:
+            decode_embeddings(gen.engine.ctx, span, slot.seq)
+            slot.cached.extend(gen.prompt[span.start : span.end])
+            slot.images.append(span)
+            gen.next_pos = span.end
+    return next((s.start for s in gen.images if s.start >= gen.next_pos), len(gen.prompt))
+
+
+def decode_embeddings(ctx: LlamaContext, span: ImageSpan, seq: int) -> None:
+    """Evaluate an image's embeddings into sequence ``seq`` at its positions (no logits)."""
+    n, dim = span.embd.shape
+    step = n if span.non_causal else max(1, ctx.n_batch)
+    if span.non_causal and n > ctx.n_batch:
+        raise InputError(f"an image of {n} tokens needs num_batch >= {n} with this projector")
+    batch = llama_cpp.llama_batch_init(step, dim, 1)
+    try:
+        for off in range(0, n, step):
+            m = min(step, n - off)
+            rows = np.ascontiguousarray(span.embd[off : off + m], dtype=np.float32)
+            ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
+            for i in range(m):
+                batch.pos[i] = span.start + off + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = 0
+            batch.n_tokens = m
+            if span.non_causal:
+                llama_cpp.llama_set_causal_attn(ctx.handle, False)
+            mark = native_log_mark()
+            rc = llama_cpp.llama_decode(ctx.handle, batch)
+            if span.non_causal:
+                llama_cpp.llama_set_causal_attn(ctx.handle, True)
+            if rc != 0:
+                raise ModelhubError(
+                    f"evaluating an image failed (llama_decode {rc}): "
+                    f"{native_messages_since(mark) or 'no details'}"
+                )
+    finally:
+        llama_cpp.llama_batch_free(batch)
+
+
+def prompt_with_images(
+    engine: Any, text: str, context: list[int], msg: dict[str, Any], cancel: Any
+) -> tuple[list[int], list[ImageSpan]]:
+    """A generate request's prompt whose ``image_marker`` matches stand for its ``images``
+    (see the runner protocol): the text between markers tokenized, each image encoded."""
+    import base64
+    import re
+
+    projector: Projector | None = engine.projector
+    if projector is None:
+        raise InputError("this model cannot read images: it has no vision projector")
+    images = msg.get("images") or {}
+    pieces: list[list[int] | RawImage] = [list(context)] if context else []
+    parts = re.split(str(msg.get("image_marker") or ""), text)
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            if part or i == 0:
+                first = i == 0 and not context
+                pieces.append(engine.tokenize(part, add_special=first, cancel=cancel))
+            continue
+        image = images.get(part)
+        if not isinstance(image, dict):
+            raise InputError(f"image {part} of the prompt was not sent")
+        rgb = base64.b64decode(str(image.get("rgb") or ""))
+        pieces.append(RawImage(int(image["width"]), int(image["height"]), rgb))
+    return build_prompt(projector, pieces)
