@@ -195,3 +195,28 @@ def test_expected_tokens_formula() -> None:
     assert ctl.expected_tokens(0, 0.5) == pytest.approx(1.0)
     assert ctl.expected_tokens(2, 0.5) == pytest.approx(1.75)
     assert ctl.expected_tokens(3, 1.0) == pytest.approx(4.0)
+
+
+def test_a_stalled_plain_round_does_not_make_drafting_look_good_for_ever() -> None:
+    """A 1:1 pair learns that drafting cannot pay; then one plain round stalls for a second
+    (another process took the core). The stall must not inflate plain decoding's estimate so
+    far that drafting looks better and plain decoding is never measured again."""
+    ctl = AdaptiveDraftLength(8)
+    simulate(ctl, CPU_LIKE, lambda r: 0.95, tokens=400)
+    assert ctl.best_k() == 0
+    for stall in (1.0, 1.0):  # two stalled plain rounds in a row
+        ctl.record(0, 0, 0, 0.0, stall)
+    res = simulate(ctl, CPU_LIKE, lambda r: 0.95, tokens=1000, seed=1)
+    assert ctl.best_k() == 0
+    assert sum(k > 0 for k in res.ks[-300:]) < 20
+    assert res.rate >= 0.9 * baseline(CPU_LIKE)
+
+
+def test_plain_decoding_is_measured_again_while_drafting() -> None:
+    """While a drafter keeps drafting, plain decoding is still measured now and then: the
+    yardstick every choice is made against stays current."""
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, CHEAP_DRAFT, lambda r: 0.95, tokens=3000)
+    late = res.ks[100:]
+    assert 0 < late.count(0) <= len(late) // 20
+    assert res.rate > 1.3 * baseline(CHEAP_DRAFT)

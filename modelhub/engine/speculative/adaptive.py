@@ -44,6 +44,14 @@ _EXPLORE_EVERY = 8
 _MIN_EVIDENCE = 4
 # Weight of a verify time below the running estimate (see _Ewma.down_alpha).
 _DOWN_ALPHA = 0.6
+# A sample above this multiple of the running estimate counts as this multiple: one stalled
+# round (another process took the core for a second) must not rule plain decoding or drafting
+# out, while a real change of level is still followed within a few rounds.
+_OUTLIER = 3.0
+# While a model drafter keeps drafting, one round in this many decodes plainly: plain decoding
+# is the yardstick of every choice, and an estimate of it inflated by a stall would otherwise
+# never be measured again (a drafting round does not measure it).
+_PLAIN_EVERY = 32
 # A rated drafter's guesses that measured costs rule out are verified anyway after this many
 # rounds without drafts (then twice as many, ...): rarely enough that a text the drafter
 # cannot predict loses little, often enough that one slow measurement does not stick.
@@ -62,6 +70,8 @@ class _Ewma:
         if self.value is None:
             self.value = sample
         else:
+            if self.value > 0:
+                sample = min(sample, _OUTLIER * self.value)
             low = sample < self.value and self.down_alpha is not None
             alpha = self.down_alpha if low and self.down_alpha is not None else self.alpha
             self.value += alpha * (sample - self.value)
@@ -284,6 +294,8 @@ class AdaptiveDraftLength:
                 k = _PROBE_LENGTH
             elif 0 < k < self.max_k and self._rounds % _EXPLORE_EVERY == 0:
                 k += 1  # now and then measure one draft more than the model knows about
+            elif k > 0 and (self._rounds + _EXPLORE_EVERY // 2) % _PLAIN_EVERY == 0:
+                k = 0  # and plain decoding, the yardstick (see _PLAIN_EVERY)
         k = min(k, self.max_k)
         self.current_k = k
         return k
@@ -305,16 +317,16 @@ class AdaptiveDraftLength:
         ``proposed + 1`` rows."""
         rows = proposed + 1
         cost = self._verify.setdefault(rows, _Ewma(self._cost_alpha))
-        if self._rated:
-            # A rated drafter's cut() verifies only the widths it believes pay, so a slow
-            # round must not stick: a faster time is believed sooner, and an older estimate
-            # that contradicts this one (fewer rows dearer, more rows cheaper) is stale.
-            cost.down_alpha = _DOWN_ALPHA
-            if cost.value is not None and verify_seconds < cost.value / 2:
-                cost.value = None  # half the estimate: that was an outlier, start again
+        # Each choice verifies only the widths it believes pay (a rated drafter's cut(), a
+        # model drafter's best K), so a slow round must not stick: a faster time is believed
+        # sooner, and an older estimate that contradicts this one (fewer rows dearer, more
+        # rows cheaper) is stale. The table is shared by a model's drafters.
+        cost.down_alpha = _DOWN_ALPHA
+        if cost.value is not None and verify_seconds < cost.value / 2:
+            cost.value = None  # half the estimate: that was an outlier, start again
         cost.add(max(verify_seconds, 1e-9))
         fresh = cost.value or 0.0
-        for n, other in self._verify.items() if self._rated else ():
+        for n, other in self._verify.items():
             if other.value is not None and (
                 (n < rows and other.value > fresh) or (n > rows and other.value < fresh)
             ):
@@ -330,8 +342,9 @@ class AdaptiveDraftLength:
             self._draft_rounds += 1
             if warm:
                 self._draft.add((draft_seconds + prepare_seconds) / proposed)
-            elif self._draft.value is None:
-                self._draft.add(draft_seconds / max(1, proposed - 1))
+            elif self._draft.value is None and proposed > 1:
+                # Cold, the first draft comes with the catch-up's logits: the others measure.
+                self._draft.add(draft_seconds / (proposed - 1))
             self._acc_hits = self._acc_hits * self._decay + accepted
             failure = 1.0 if accepted < proposed else 0.0
             self._acc_trials = self._acc_trials * self._decay + accepted + failure
