@@ -7,7 +7,9 @@ MODELHUB_CONTEXT_LENGTH (OLLAMA_CONTEXT_LENGTH), MODELHUB_FLASH_ATTENTION (OLLAM
 plus MODELHUB_MEMORY_LIMIT, MODELHUB_REPACK, MODELHUB_NUM_GPU (the default num_gpu) and
 MODELHUB_RPC_SERVERS (ggml RPC workers, host:port,...), MODELHUB_DRAFT (auto or off: how models
 without a DRAFT line draft) and MODELHUB_NGRAM_PERSIST (0: keep no n-gram pool on disk).
-MODELHUB_RUNNER_TIMEOUT (how long a runner that says nothing is waited for) is modelhub's own.
+MODELHUB_RUNNER_TIMEOUT (how long a runner that says nothing is waited for) is modelhub's own, and
+so are MODELHUB_RESPONSES_STORE (0: /v1/responses stores nothing), MODELHUB_RESPONSES_MAX and
+MODELHUB_RESPONSES_MAX_BYTES (how many stored responses, and how many bytes of them, are kept).
 The YAML file (``config.yaml`` in the platformdirs config dir, or MODELHUB_CONFIG) uses the same
 names in lower case without the prefix.
 """
@@ -165,6 +167,9 @@ class Settings:
     context_length: int = DEFAULT_CONTEXT_LENGTH  # the default num_ctx
     num_threads: int = 0
     max_queue: int = 512
+    responses_store: bool = True  # keep /v1/responses answers for previous_response_id
+    responses_max: int = 1000  # stored responses kept (the oldest go first)
+    responses_max_bytes: int = 256 * 1024**2  # and their bytes on disk
     noprune: bool = False
     no_autostart: bool = False
     memory_limit: int | None = None  # bytes all loaded models may use together (None: the system's)
@@ -214,6 +219,12 @@ class Settings:
             num_parallel=max(0, _int(get("MODELHUB_NUM_PARALLEL"), 0)),
             num_threads=max(0, _int(get("MODELHUB_NUM_THREADS"), 0)),
             max_queue=max(1, _int(get("MODELHUB_MAX_QUEUE"), 512)),
+            responses_store=_tristate("MODELHUB_RESPONSES_STORE", get("MODELHUB_RESPONSES_STORE"))
+            is not False,
+            responses_max=_count("MODELHUB_RESPONSES_MAX", get("MODELHUB_RESPONSES_MAX"), 1000),
+            responses_max_bytes=_bytes(
+                "MODELHUB_RESPONSES_MAX_BYTES", get("MODELHUB_RESPONSES_MAX_BYTES"), 256 * 1024**2
+            ),
             noprune=_bool(get("MODELHUB_NOPRUNE")),
             no_autostart=_bool(get("MODELHUB_NO_AUTOSTART")),
             memory_limit=_size(get("MODELHUB_MEMORY_LIMIT")),
@@ -327,6 +338,30 @@ def _runner_timeout(value: str | None) -> float:
             f"(default {DEFAULT_RUNNER_TIMEOUT:g})"
         )
     return seconds
+
+
+def _count(name: str, value: str | None, default: int) -> int:
+    """A positive count; unset or empty is the default."""
+    text = _clean(value or "")
+    if text == "":
+        return default
+    if not re.fullmatch(r"\d+", text) or int(text) < 1:
+        raise InputError(f"{name}={value!r}: use a positive number (default {default})")
+    return int(text)
+
+
+def _bytes(name: str, value: str | None, default: int) -> int:
+    """A size (``512MiB``, ``1GB``, a byte count); unset or empty is the default."""
+    text = _clean(value or "")
+    if text == "":
+        return default
+    try:
+        size = parse_size(text)
+    except InputError as exc:
+        raise InputError(f"{name}: {exc}") from None
+    if size < 1:
+        raise InputError(f"{name}={value!r}: use a size of at least one byte")
+    return size
 
 
 def _size(value: str | None) -> int | None:

@@ -111,6 +111,16 @@ class NotFoundError(ModelhubError):
     kind = ErrorKind.NOT_FOUND
 
 
+class ResponseNotFoundError(NotFoundError):
+    """A stored response (``/v1/responses/{id}``, ``previous_response_id``) that does not
+    exist: never stored, deleted or evicted. ``param`` names the request field, as OpenAI's
+    error does."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class UnauthorizedError(ModelhubError):
     """A registry that asks for credentials modelhub does not have."""
 

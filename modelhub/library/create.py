@@ -18,6 +18,7 @@ from typing import Any
 from modelhub.errors import InputError
 from modelhub.gguf.adapter import check_adapter, exactness_warning
 from modelhub.gguf.info import GGUFInfo
+from modelhub.gguf.projector import check_projector
 from modelhub.library.create_config import model_config, ordered_config
 from modelhub.library.create_draft import apply_draft
 from modelhub.library.create_layers import FLOAT_TYPES, LayerBuilder, Progress
@@ -78,6 +79,11 @@ class Creator(LayerBuilder):
             base = self._base_from_model(req.from_)
             layers = [layer for layer in base.stored.manifest.layers]
             config = dict(base.config)
+            if req.files:  # FROM <model name> with FROM <projector file>: replaces its projector
+                added = self.layers_from_files(req.files, MEDIA_MODEL)
+                if any(lay.media_type != MEDIA_PROJECTOR for lay in added):
+                    raise InputError("FROM a model name takes only projector files beside it")
+                layers = [lay for lay in layers if lay.media_type != MEDIA_PROJECTOR] + added
         else:
             layers = self.layers_from_files(req.files, MEDIA_MODEL)
 
@@ -86,6 +92,11 @@ class Creator(LayerBuilder):
         if model_layer is None:
             raise InputError("no base model was found: FROM must name a GGUF model file or model")
         self._check_adapters(layers, self.views.gguf_info(model_layer.digest))  # before quantizing
+        for layer in layers:
+            if layer.media_type == MEDIA_PROJECTOR:
+                self.status("checking projector")
+                info = self.views.gguf_info(layer.digest)
+                check_projector(self.views.gguf_info(model_layer.digest), info, layer.from_ or "")
         if req.quantize:
             model_layer = self.quantize(model_layer, req.quantize)
             layers = [model_layer if lay.media_type == MEDIA_MODEL else lay for lay in layers]

@@ -14,6 +14,7 @@ from typing import Any
 
 from modelhub.errors import GGUFError, InputError, ModelhubError, NotFoundError
 from modelhub.gguf.info import GGUFInfo, is_gguf
+from modelhub.gguf.projector import is_projector
 from modelhub.library.create_request import quant_type
 from modelhub.library.views import ModelView, ModelViews
 from modelhub.store import (
@@ -75,7 +76,7 @@ class LayerBuilder:
             kind = media
             if media == MEDIA_MODEL and info.general_type == "adapter":
                 kind = MEDIA_ADAPTER
-            elif media == MEDIA_MODEL and info.general_type in ("projector", "mmproj"):
+            elif media == MEDIA_MODEL and is_projector(info):
                 kind = MEDIA_PROJECTOR
             layers.append(Layer(kind, digest, path.stat().st_size, from_=fname))
         return layers

@@ -67,6 +67,7 @@ class ModelView:
     model_path: Path | None
     draft_path: Path | None
     adapter_paths: list[Path] = field(default_factory=list)
+    projector_paths: list[Path] = field(default_factory=list)
     info: GGUFInfo | None = None
     draft_info: GGUFInfo | None = None
     adapter_infos: list[GGUFInfo] = field(default_factory=list)  # with the info, in order
@@ -210,6 +211,9 @@ class ModelViews:
             model_path=store.blob_path(model_layer.digest) if model_layer else None,
             draft_path=store.blob_path(draft_layer.digest) if draft_layer else None,
             adapter_paths=[store.blob_path(a.digest) for a in manifest.layers_of(MEDIA_ADAPTER)],
+            projector_paths=[
+                store.blob_path(p.digest) for p in manifest.layers_of(MEDIA_PROJECTOR)
+            ],
         )
         if with_info and model_layer is not None:
             view.info = self._header(stored, model_layer)

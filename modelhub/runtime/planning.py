@@ -176,6 +176,8 @@ def plan(
     if view.adapter_paths:
         # Only when present: models without one keep their runner identity.
         config["adapter_paths"] = [str(p) for p in view.adapter_paths]
+    if view.projector_paths:  # the last projector layer: images in prompts
+        config["projector_path"] = str(view.projector_paths[-1])
     if config["n_batch"] < bound + 1:
         raise InputError(f"num_batch {config['n_batch']} must be at least draft_num_predict + 1")
     runtime = {k: opts[k] for k in RUNTIME_KEYS if k in opts}
@@ -190,7 +192,7 @@ def plan(
         runtime["stop"] = [runtime["stop"]]
     details = view.details()
     base = estimate(view.info, num_ctx, config["n_batch"])
-    base = base + adapters_estimate([a.size for a in view.adapters])
+    base = base + adapters_estimate([a.size for a in view.adapters + view.projectors[-1:]])
     memory = base
     for info in draft.model_infos:  # draft models keep a KV cache of their own
         memory = memory + estimate(info, num_ctx, config["n_batch"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from modelhub.errors import ErrorKind, ModelhubError
+from modelhub.errors import ErrorKind, ModelhubError, ResponseNotFoundError
 from modelhub.server.jsonbody import JSONResponse
 
 log = logging.getLogger("modelhub.server")
@@ -38,12 +38,13 @@ def error_body(exc: BaseException, api: Api) -> dict[str, Any]:
     error = as_error(exc)
     if api == "ollama":
         return {"error": error.message}
+    stored = error if isinstance(error, ResponseNotFoundError) else None  # a param, no code
     return {
         "error": {
             "message": error.message,
             "type": "invalid_request_error" if error.status < 500 else "api_error",
-            "param": None,
-            "code": _OPENAI_CODES.get(error.kind),
+            "param": stored.param if stored is not None else None,
+            "code": None if stored is not None else _OPENAI_CODES.get(error.kind),
         }
     }
 

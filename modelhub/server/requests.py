@@ -165,7 +165,7 @@ async def read_model_request(
 
 def check_media(data: dict[str, Any], where: str = "") -> None:
     """``images`` and ``think`` as Ollama accepts them, refused (never ignored) otherwise:
-    images must be base64 strings, and no model served here can see them yet; ``think`` is a
+    images must be base64 strings (decoded and checked by ``server.images``); ``think`` is a
     boolean or an effort (``"low"``, ``"medium"``, ``"high"``)."""
     images = data.get("images")
     if images not in (None, []):
@@ -176,7 +176,6 @@ def check_media(data: dict[str, Any], where: str = "") -> None:
                 base64.b64decode(image, validate=True)
             except (binascii.Error, ValueError):
                 raise InputError(f"{where}images[{index}]: invalid base64 data") from None
-        raise InputError(f"{where}images: this model cannot read images (modelhub serves text)")
     think = data.get("think")
     if think is not None and not isinstance(think, bool) and think not in _EFFORTS:
         raise InputError(

@@ -27,6 +27,7 @@ from modelhub.server.generation import (
     respond,
     run_on_runner,
 )
+from modelhub.server.images import RequestImages, can_see, mark, mark_prompt, prepare
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
 from modelhub.server.offloop import off_loop
@@ -186,6 +187,9 @@ async def generate(request: Request) -> Response:
     view = await find_model(state, req.model)
     if not prompt and (req.keep_alive == 0 or not suffix):
         return await _load_only(state, view, req, chat=False)
+    images = RequestImages()
+    prompt, todo = mark_prompt(images, prompt, data.get("images"))
+    await prepare(images, todo, can_see(view), req.model)
     think = None if raw_mode else thinking(view, data.get("think"))
     prediction = data.get("prediction") if isinstance(data.get("prediction"), str) else None
     p = state.plan(
@@ -217,6 +221,7 @@ async def generate(request: Request) -> Response:
         "options": _with_logprobs(p.options, data),
         "grammar": request_grammar(data, fmt),
         "prediction": prediction,
+        **images.runner_fields(),
     }
     shaper = NativeShaper(
         req.model,
@@ -253,6 +258,9 @@ async def chat(request: Request) -> Response:
     view = await find_model(state, req.model)
     if not messages:
         return await _load_only(state, view, req, chat=True)
+    images = RequestImages()
+    messages, todo = mark(images, messages, 0)
+    await prepare(images, todo, can_see(view), req.model)
     p = state.plan(
         view,
         req.options,
@@ -272,6 +280,7 @@ async def chat(request: Request) -> Response:
     grammar = request_grammar(req.data, fmt, tooling.grammar)
     options = _with_logprobs(p.options, req.data)
     msg = {"op": "generate", "prompt": text, "options": options, "grammar": grammar}
+    msg.update(images.runner_fields())
     shaper = NativeShaper(
         req.model,
         chat=True,

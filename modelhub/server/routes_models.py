@@ -25,6 +25,7 @@ from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
 from modelhub.runtime.planning import DEFAULT_DRAFT_LEN
 from modelhub.server import schemas
 from modelhub.server.drafting_view import drafting_payload
+from modelhub.server.images import projector_facts
 from modelhub.server.inventory import list_entries, verify_models
 from modelhub.server.lookup import find_model
 from modelhub.server.offloop import off_loop
@@ -100,6 +101,10 @@ def show_payload(
     if view.info is not None:
         out["model_info"] = model_info_for_show(view.info, verbose)
         out["capabilities"] = capabilities(view.info, view.template)
+        seen, projector = projector_facts(view)  # images: a usable projector
+        out["capabilities"] += seen
+        if projector is not None:
+            out["projector_info"] = projector
         if verbose:
             out["tensors"] = [
                 {"name": t.name, "type": t.type_name, "shape": list(t.shape)}

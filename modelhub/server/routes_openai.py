@@ -28,6 +28,7 @@ from modelhub.server import logprobs, schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.errors import error_body
 from modelhub.server.generation import chained, collect, fitted_prompt, run_on_runner
+from modelhub.server.images import RequestImages, can_see, mark, openai_images, prepare
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
 from modelhub.server.prompts import chat_prompt, generate_prompt
@@ -57,7 +58,7 @@ def _content_text(content: Any, where: str) -> str:
                 raise InputError(f"{where}: content parts must be objects")
             if part.get("type") == "text":
                 texts.append(str(part.get("text", "")))
-            else:
+            elif part.get("type") != "image_url":  # images: see _chat_messages
                 raise InputError(
                     f"{where}: content part type {part.get('type')!r} is not supported"
                 )
@@ -181,6 +182,7 @@ async def completion_events(
     """The runner's events for a set-up request (metrics recorded at the end)."""
     prompt_text, grammar, fit, top_logprobs = setup.text, setup.grammar, setup.fit, setup.top
     predicted = _prediction(request_data)
+    await prepare(setup.images, setup.image_todo, can_see(view), view.name.display)
     p = state.plan(
         view,
         _options(request_data),
@@ -193,6 +195,7 @@ async def completion_events(
         "options": options,
         "grammar": grammar,
         "prediction": predicted,
+        **setup.images.runner_fields(),
     }
     keep_alive = keep_alive_seconds(request_data.get("keep_alive"))
     prompt_tokens = 0
@@ -215,6 +218,8 @@ class Setup:
     parser: ReplyParser | None
     fit: ChatFit | None
     top: int | None
+    images: RequestImages = dataclasses.field(default_factory=RequestImages)
+    image_todo: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def parse(self, text: str) -> ReplyPart:
         return self.parser.feed(text) if self.parser is not None else ReplyPart(content=text)
@@ -228,6 +233,8 @@ def chat_setup(state: ServerState, view: ModelView, data: dict[str, Any]) -> Set
     think = thinking(view, _think(data))
     tooling = tool_plan(view, field(data, "tools", list, []), data.get("tool_choice"))
     messages = _chat_messages(data)
+    images = RequestImages()
+    messages, todo = mark(images, messages, 0)
     text = chat_prompt(state, view, messages, tooling.tools, think=think)
     grammar = request_grammar(data, _format(data), tooling.grammar, format_field="response_format")
     fit = ChatFit(  # Ollama's truncate, honoured here too (default true)
@@ -236,7 +243,7 @@ def chat_setup(state: ServerState, view: ModelView, data: dict[str, Any]) -> Set
         truncate=field(data, "truncate", bool, True),
     )
     parser = reply_parser(view, text, think, tooling.tools)
-    return Setup(text, grammar, parser, fit, logprobs.requested(data))
+    return Setup(text, grammar, parser, fit, logprobs.requested(data), images, todo)
 
 
 @dataclass(frozen=True)
@@ -297,6 +304,8 @@ def _chat_messages(data: dict[str, Any]) -> list[dict[str, Any]]:
             "role": role,
             "content": _content_text(m.get("content"), f"messages[{i}]"),
         }
+        if images := openai_images(m.get("content"), f"messages[{i}]"):
+            message["images"] = images
         calls = m.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):

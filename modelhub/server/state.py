@@ -15,6 +15,7 @@ from modelhub.runtime.checked_runner import CheckedRunner
 from modelhub.runtime.planning import DraftSettings, Plan, plan
 from modelhub.runtime.scheduler import Scheduler
 from modelhub.server.metrics import Metrics
+from modelhub.server.responses_store import ResponseStore
 from modelhub.server.system import has_local_accelerator
 from modelhub.store import ModelName, Store
 
@@ -27,6 +28,7 @@ class ServerState:
     scheduler: Scheduler
     metrics: Metrics = field(default_factory=Metrics)
     max_blob_size: int | None = None
+    stored_responses: ResponseStore | None = None  # /v1/responses' store, made on first use
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("modelhub.server"))
 
     @classmethod
@@ -64,6 +66,19 @@ class ServerState:
             ),
             **kw,
         )
+
+    @property
+    def responses(self) -> ResponseStore:
+        """The stored /v1/responses answers (``<models>/responses``), read on first use."""
+        if self.stored_responses is None:
+            s = self.settings
+            self.stored_responses = ResponseStore(
+                s.models_dir / "responses",
+                s.responses_max,
+                s.responses_max_bytes,
+                s.responses_store,
+            )
+        return self.stored_responses
 
     def on_model_changed(self, name: ModelName) -> None:
         """A manifest was written or removed (the scheduler will drop stale runners here)."""

@@ -1,0 +1,213 @@
+"""A ``/v1/responses`` request as the chat completion it stands for, and its input as items.
+
+``input`` (text or items) becomes items with ids (what ``input_items`` lists and a stored
+response keeps); the conversation a request continues (``previous_response_id``) comes first;
+the items become chat messages: ``message`` items, ``function_call`` items as an assistant turn's
+``tool_calls`` (parallel calls in one turn), ``function_call_output`` as ``tool`` messages, and
+``reasoning`` items as the ``thinking`` of the assistant turn that follows them (the template
+decides whether to show it again). ``instructions``, ``tools`` and the sampling fields belong to
+the request alone: a continued conversation does not inherit them, as OpenAI's API.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from modelhub.errors import InputError
+
+_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
+TRUNCATION = ("disabled", "auto")
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+# ---- input -> items ------------------------------------------------------------------------
+def input_items(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's ``input`` as items, each with an ``id`` (kept when the client gave one)
+    and message content as parts."""
+    raw = data.get("input")
+    if isinstance(raw, str):
+        raw = [{"type": "message", "role": "user", "content": raw}]
+    elif raw is None:
+        raise InputError("input is required: a string or an array of input items")
+    items = []
+    for i, item in enumerate(_list(raw, "input")):
+        if not isinstance(item, dict):
+            raise InputError(f"input[{i}] must be an object")
+        kind = str(item.get("type", "message"))
+        out = {"type": kind, **item}
+        if kind == "message":
+            out["content"] = _parts(item.get("content"), item.get("role"), f"input[{i}]")
+            out.setdefault("status", "completed")
+        if not isinstance(out.get("id"), str) or not out["id"]:
+            out["id"] = new_id(_PREFIX.get(kind, "item_"))
+        items.append(out)
+    return items
+
+
+def _parts(content: Any, role: Any, where: str) -> Any:
+    if isinstance(content, str):
+        kind = "output_text" if role == "assistant" else "input_text"
+        part: dict[str, Any] = {"type": kind, "text": content}
+        if kind == "output_text":
+            part["annotations"] = []
+        return [part]
+    return content  # checked when it becomes a message
+
+
+# ---- items -> the chat request -------------------------------------------------------------
+def chat_request(
+    data: dict[str, Any], items: list[dict[str, Any]], context: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The chat-completions request of a Responses request: ``items`` (its input) after the
+    ``context`` it continues."""
+    for key in ("background", "conversation"):
+        if data.get(key):
+            raise InputError(
+                f"{key} is not supported: use previous_response_id, or send the "
+                "whole conversation in input"
+            )
+    out: dict[str, Any] = {"messages": _messages(data, items, context or [])}
+    for key in ("temperature", "top_p", "seed", "stop", "keep_alive", "options"):
+        if data.get(key) is not None:
+            out[key] = data[key]
+    if data.get("max_output_tokens") is not None:
+        out["max_tokens"] = data["max_output_tokens"]
+    if data.get("tools"):
+        out["tools"] = [_tool(t, i) for i, t in enumerate(_list(data["tools"], "tools"))]
+    if data.get("tool_choice") is not None:  # every API reads every shape (reply_options)
+        out["tool_choice"] = data["tool_choice"]
+    reasoning = data.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
+        out["reasoning_effort"] = reasoning["effort"]
+    out["truncate"] = truncation(data) == "auto"  # OpenAI's default: refuse what does not fit
+    fmt = (data.get("text") or {}).get("format") if isinstance(data.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        out["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"schema": fmt.get("schema")},
+        }
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        out["response_format"] = {"type": "json_object"}
+    elif fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise InputError('text.format must be {"type": "text"}, "json_object" or "json_schema"')
+    return out
+
+
+def truncation(data: dict[str, Any]) -> str:
+    value = data.get("truncation")
+    if value is None:
+        return "disabled"
+    if value not in TRUNCATION:
+        raise InputError('truncation must be "disabled" (the default) or "auto"')
+    return str(value)
+
+
+def _list(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InputError(f"{name} must be an array")
+    return value
+
+
+def _messages(
+    data: dict[str, Any], items: list[dict[str, Any]], context: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    instructions = data.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise InputError("instructions must be a string")
+        messages.append({"role": "system", "content": instructions})
+    thinking: list[str] = []  # reasoning waiting for the assistant turn it belongs to
+    for i, item in enumerate(context):
+        _add_item(messages, item, f"previous_response_id: item {i}", thinking)
+    for i, item in enumerate(items):
+        _add_item(messages, item, f"input[{i}]", thinking)
+    if not any(m["role"] != "system" for m in messages):
+        raise InputError("input has no message to answer")
+    return messages
+
+
+def _add_item(
+    messages: list[dict[str, Any]], item: dict[str, Any], where: str, thinking: list[str]
+) -> None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise InputError(f"{where}.role must be user, assistant, system or developer")
+        message = {"role": role, "content": _text(item.get("content"), where)}
+        if role == "assistant" and thinking:
+            message["reasoning_content"] = "".join(thinking)
+            thinking.clear()
+        messages.append(message)
+    elif kind == "function_call":
+        call = {
+            "id": str(item.get("call_id") or item.get("id") or ""),
+            "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"},
+        }
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant" and not thinking:
+            last.setdefault("tool_calls", []).append(call)  # the turn's text, or parallel calls
+        else:
+            turn: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            if thinking:
+                turn["reasoning_content"] = "".join(thinking)
+                thinking.clear()
+            messages.append(turn)
+    elif kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else json.dumps(output)
+        messages.append(
+            {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text}
+        )
+    elif kind == "reasoning":
+        thinking.append(_reasoning_text(item))
+    else:
+        raise InputError(f"{where}: input items of type {kind!r} are not supported")
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its ``reasoning_text`` content, else its summary."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            text = "".join(
+                str(p.get("text", ""))
+                for p in parts
+                if isinstance(p, dict) and p.get("type") == kind
+            )
+            if text:
+                return text
+    return ""
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in _list(content, f"{where}.content"):
+        if not isinstance(part, dict) or part.get("type") not in (
+            "input_text",
+            "output_text",
+            "text",
+        ):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InputError(
+                f"{where}: content parts of type {kind!r} are not supported (text only)"
+            )
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+def _tool(tool: Any, index: int) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        raise InputError(f"tools[{index}]: only function tools are supported, not {kind!r}")
+    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": function}
