@@ -258,6 +258,8 @@ async def chat(request: Request) -> Response:
     view = await find_model(state, req.model)
     if not messages:
         return await _load_only(state, view, req, chat=True)
+    if req.data.get("images"):
+        raise InputError('images: in /api/chat, images go on a message ("messages[i].images")')
     images = RequestImages()
     messages, todo = mark(images, messages, 0)
     await prepare(images, todo, can_see(view), req.model)
