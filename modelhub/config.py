@@ -180,6 +180,7 @@ class Settings:
     runner_timeout: float = DEFAULT_RUNNER_TIMEOUT  # 0: never kill a silent runner
     draft: str = "auto"  # how models without a DRAFT line draft: auto (measured) or off
     ngram_persist: bool = True  # keep each model's n-gram pool on disk across loads
+    ui: bool = True  # the web page at / (MODELHUB_UI=0: only "modelhub is running")
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -239,6 +240,7 @@ class Settings:
             draft=_draft_default(get("MODELHUB_DRAFT")),
             ngram_persist=_tristate("MODELHUB_NGRAM_PERSIST", get("MODELHUB_NGRAM_PERSIST"))
             is not False,
+            ui=_tristate("MODELHUB_UI", get("MODELHUB_UI")) is not False,
         )
 
 

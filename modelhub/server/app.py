@@ -23,6 +23,7 @@ from modelhub.server.routes_info import router as info_router
 from modelhub.server.routes_models import router as models_router
 from modelhub.server.routes_openai import router as openai_router
 from modelhub.server.routes_responses import router as responses_router
+from modelhub.server.routes_ui import ui_router
 from modelhub.server.security import GuardMiddleware
 from modelhub.server.state import ServerState
 
@@ -54,14 +55,11 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
         body = st.metrics.render(sched.loads_total, len(sched.runners), sched.waiting, per_model)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.api_route("/", methods=["GET", "HEAD"])
-    async def root() -> Response:
-        return PlainTextResponse("modelhub is running")
-
     @app.api_route("/api/version", methods=["GET", "HEAD"])
     async def version() -> Response:
         return JSONResponse({"version": __version__})
 
+    app.include_router(ui_router(settings.ui))  # GET / (the web page or "modelhub is running")
     app.include_router(models_router)
     app.include_router(inference_router)
     app.include_router(openai_router)

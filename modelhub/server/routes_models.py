@@ -267,8 +267,9 @@ def parse_create(data: dict[str, Any]) -> CreateRequest:
 def checked_create(data: dict[str, Any]) -> CreateRequest:
     """The create request of ``data``, with the checks that need no store (template parse)."""
     from modelhub.library.create import check_request
+    from modelhub.server.modelfile_body import with_modelfile
 
-    req = parse_create(data)
+    req = parse_create(with_modelfile(data))  # a "modelfile" text becomes the fields it sets
     check_request(req)
     return req
 

@@ -92,6 +92,7 @@ CREATE = _body(
     license={"oneOf": [_STR, _STRS]},
     quantize=_STR,
     draft_quantize=_STR,
+    modelfile=_STR,
 )
 _SAMPLING: dict[str, dict[str, Any]] = {
     "temperature": _NUM,
