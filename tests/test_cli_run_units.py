@@ -377,8 +377,9 @@ def test_apply_set_think_and_nothink() -> None:
     assert state.chat_body()["think"] == "high"
     assert repl.apply_set(state, ["nothink"]) == "Set 'nothink' mode."
     assert state.chat_body()["think"] is False
+    assert repl.apply_set(state, ["think", "max"]) == "Set 'think' mode to max."
     with pytest.raises(repl.ReplError, match="Invalid think level"):
-        repl.apply_set(state, ["think", "max"])
+        repl.apply_set(state, ["think", "ultra"])
 
 
 def test_apply_set_modes_and_format() -> None:

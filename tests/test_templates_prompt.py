@@ -333,7 +333,14 @@ def test_no_tools_is_falsy() -> None:
 
 
 @pytest.mark.parametrize(
-    ("think", "expected"), [(None, "unset|"), (True, "on|"), (False, "off|"), ("high", "on|high")]
+    ("think", "expected"),
+    [
+        (None, "unset|"),
+        (True, "on|medium"),
+        (False, "off|"),
+        ("high", "on|high"),
+        ("max", "on|max"),
+    ],
 )
 def test_think_variables(think: Any, expected: str) -> None:
     template = (

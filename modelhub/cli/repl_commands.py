@@ -45,7 +45,7 @@ Available commands:
   /set noformat          Answer in free text
   /set verbose           Show timings and draft acceptance after each answer
   /set quiet             Do not show them
-  /set think [effort]    Reason before answering (thinking models; low, medium, high)
+  /set think [level]     Reason before answering (thinking models; low, medium, high, max)
   /set nothink           Answer without reasoning
 """
 
@@ -275,8 +275,8 @@ def apply_set(state: ReplState, args: list[str], raw: str = "") -> str:
         return "Disabled format."
     if what == "think":
         effort = args[1].lower() if len(args) > 1 else ""
-        if effort not in ("", "low", "medium", "high"):
-            raise ReplError(f"Invalid think level '{args[1]}': use low, medium or high")
+        if effort not in ("", "low", "medium", "high", "max"):
+            raise ReplError(f"Invalid think level '{args[1]}': use low, medium, high or max")
         state.think = effort or True
         return f"Set 'think' mode{f' to {effort}' if effort else ''}."
     if what == "nothink":

@@ -159,11 +159,11 @@ Environment:
 )
 @click.option(
     "--think",
-    type=click.Choice(["true", "false", "low", "medium", "high"]),
+    type=click.Choice(["true", "false", "low", "medium", "high", "max"]),
     is_flag=False,
     flag_value="true",
     default=None,
-    help="Let a thinking model reason first (an effort: low, medium, high); false: do not.",
+    help="Let a thinking model reason first (a level: low, medium, high, max); false: do not.",
 )
 @click.option("--hidethinking", is_flag=True, help="Think, but show only the answer.")
 @click.option("--nowordwrap", is_flag=True, help="Do not wrap long lines at word boundaries.")

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from modelhub import __version__
 from modelhub.errors import InputError
 from modelhub.library.views import MAX_TEXT_LAYER
-from modelhub.modelfile import coerce_option
+from modelhub.modelfile import coerce_option, normalize_requires
+from modelhub.modelfile.params import version_at_least
 from modelhub.store import ModelName, parse_digest
 from modelhub.templates.isolated import check_template
 
@@ -75,6 +77,21 @@ def check_request(req: CreateRequest) -> None:
         quant_type(req.quantize)
     if req.draft_quantize:
         quant_type(req.draft_quantize)
+    if req.requires:
+        req.requires = check_requires(req.requires)
+
+
+def check_requires(value: str) -> str:
+    """REQUIRES: a semantic version no later than this modelhub's (what ``/api/version``
+    answers); the version as stored, without its ``v``."""
+    version = normalize_requires(value)
+    if not version_at_least(__version__, version):
+        raise InputError(
+            f"this model requires version {version} or later (REQUIRES {version}), and this is "
+            f"modelhub {__version__}: upgrade modelhub, or remove the REQUIRES line if it names "
+            "an Ollama version"
+        )
+    return version
 
 
 def check_stored_sizes(req: CreateRequest) -> None:

@@ -314,6 +314,20 @@ def normalize_requires(value: str, line: int | None = None) -> str:
     return version
 
 
+def version_at_least(have: str, need: str) -> bool:
+    """Whether semantic version ``have`` is ``need`` or later (``v`` optional, missing minor or
+    patch numbers are 0, a pre-release comes before its release, build metadata is ignored)."""
+    return _semver_key(have) >= _semver_key(need)
+
+
+def _semver_key(version: str) -> tuple[tuple[int, ...], int, tuple[tuple[int, int, str], ...]]:
+    core, _, pre = version.removeprefix("v").split("+", 1)[0].partition("-")
+    numbers = tuple(int(n) for n in core.split("."))
+    numbers += (0,) * (3 - len(numbers))
+    ids = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre.split(".") if p)
+    return numbers, 0 if pre else 1, ids
+
+
 def _numeric_prerelease_ok(version: str) -> bool:
     """Numeric pre-release identifiers must not have leading zeros (``1.0.0-01`` is invalid)."""
     core = version.split("+", 1)[0]

@@ -166,7 +166,7 @@ async def read_model_request(
 def check_media(data: dict[str, Any], where: str = "") -> None:
     """``images`` and ``think`` as Ollama accepts them, refused (never ignored) otherwise:
     images must be base64 strings (decoded and checked by ``server.images``); ``think`` is a
-    boolean or an effort (``"low"``, ``"medium"``, ``"high"``)."""
+    boolean or a level (``"low"``, ``"medium"``, ``"high"``, ``"max"``)."""
     images = data.get("images")
     if images not in (None, []):
         if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
@@ -177,13 +177,14 @@ def check_media(data: dict[str, Any], where: str = "") -> None:
             except (binascii.Error, ValueError):
                 raise InputError(f"{where}images[{index}]: invalid base64 data") from None
     think = data.get("think")
-    if think is not None and not isinstance(think, bool) and think not in _EFFORTS:
+    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
+        shown = json.dumps(think, ensure_ascii=False)
         raise InputError(
-            f'invalid think value {think!r}: use true, false, "low", "medium" or "high"'
+            f'invalid think value: {shown} (must be "high", "medium", "low", "max", true, or false)'
         )
 
 
-_EFFORTS = ("low", "medium", "high")
+THINK_LEVELS = ("low", "medium", "high", "max")  # Ollama's; "max" is Ollama's since 2026
 
 
 def _type_name(kind: type) -> str:

@@ -118,8 +118,9 @@ def show_payload(
     if view.adapters:
         out["adapters"] = view.adapter_summaries()
     out["modified_at"] = view.modified_at
-    if view.config.get("requires"):
-        out["requires"] = view.config["requires"]
+    for key in ("renderer", "parser", "requires"):  # Ollama's ShowResponse fields, when set
+        if view.config.get(key):
+            out[key] = view.config[key]
     return out
 
 

@@ -39,7 +39,7 @@ from modelhub.server.reply_options import (
     thinking,
     tool_plan,
 )
-from modelhub.server.requests import field, read_model_request
+from modelhub.server.requests import THINK_LEVELS, field, read_model_request
 from modelhub.server.state import ServerState, get_state
 from modelhub.server.truncation import ChatFit
 
@@ -166,14 +166,24 @@ def _think(data: dict[str, Any]) -> Think:
     effort = data.get("reasoning_effort")
     if effort is None:
         think = data.get("think")
-        if think is None or isinstance(think, bool) or think in ("low", "medium", "high"):
+        if think is None or isinstance(think, bool) or think in THINK_LEVELS:
             return think
-        raise InputError('think must be true, false, "low", "medium" or "high"')
-    if effort in ("none", "minimal"):
-        return False
-    if effort in ("low", "medium", "high"):
-        return str(effort)
-    raise InputError('reasoning_effort must be "none", "low", "medium" or "high"')
+        raise InputError('think must be true, false, "low", "medium", "high" or "max"')
+    if effort in _EFFORTS:  # OpenAI's scale clamped to Ollama's levels, as Ollama's /v1
+        return _EFFORTS[effort]
+    raise InputError(
+        'reasoning_effort must be "none", "minimal", "low", "medium", "high", "xhigh", '
+        '"ultra" or "max"'
+    )
+
+
+_EFFORTS: dict[Any, Think] = {
+    "none": False,
+    "minimal": "low",
+    **{level: level for level in THINK_LEVELS},
+    "xhigh": "max",
+    "ultra": "max",
+}
 
 
 async def completion_events(

@@ -17,7 +17,7 @@ _OBJ = {"type": "object"}
 _STRS = {"type": "array", "items": _STR}
 _KEEP_ALIVE = {"oneOf": [_STR, _NUM]}
 _FORMAT = {"oneOf": [{"type": "string", "enum": ["", "json"]}, _OBJ]}
-_THINK = {"oneOf": [_BOOL, {"type": "string", "enum": ["low", "medium", "high"]}]}
+_THINK = {"oneOf": [_BOOL, {"type": "string", "enum": ["low", "medium", "high", "max"]}]}
 _MESSAGE = {
     "type": "object",
     "properties": {"role": _STR, "content": _STR, "images": _STRS},

@@ -184,7 +184,8 @@ def _collate(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]
 def _think_vars(think: bool | str | None) -> dict[str, Any]:
     return {
         "Think": bool(think),
-        "ThinkLevel": think if isinstance(think, str) else "",
+        # As Ollama: true is the level "medium" for a template that reads one
+        "ThinkLevel": think if isinstance(think, str) else ("medium" if think else ""),
         "IsThinkSet": think is not None,
     }
 
@@ -256,8 +257,8 @@ def render_prompt(
             raise InputError("this model does not support insert: it has no TEMPLATE with .Suffix")
         messages = [_jinja_message(m) for m in inp.messages]
         extra: dict[str, Any] = {} if think is None else {"enable_thinking": bool(think)}
-        if isinstance(think, str):
-            extra["reasoning_effort"] = think
+        if isinstance(think, str):  # chat templates know low, medium and high
+            extra["reasoning_effort"] = "high" if think == "max" else think
         last_role = messages[-1].get("role") if messages else None
         text = render_chat_template(
             jinja_template,
