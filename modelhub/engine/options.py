@@ -168,6 +168,7 @@ class GenerateResult:
     ``draft_accepted_by_position[i]`` kept it. ``drafter`` is the kind and ``drafter_name`` the
     name of the drafter that guessed the most; ``plain_estimate_ns`` the time the controllers
     predict plain decoding would have taken for the same tokens (0: no estimate).
+    ``stop_sequence`` is the stop string that ended generation (None: it ended otherwise).
     """
 
     tokens: list[int]
@@ -187,6 +188,7 @@ class GenerateResult:
     draft_count_by_position: list[int] = field(default_factory=list)
     draft_accepted_by_position: list[int] = field(default_factory=list)
     plain_estimate_ns: int = 0
+    stop_sequence: str | None = None
 
     @property
     def acceptance(self) -> float:

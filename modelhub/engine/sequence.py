@@ -378,6 +378,7 @@ class Generation:
         start = self.t_prefilled or time.perf_counter_ns()
         result.eval_duration_ns = time.perf_counter_ns() - start
         result.done_reason = reason
+        result.stop_sequence = committer.stop_sequence
         if self.drafting is not None:
             self.drafting.report(result)
         self._release()

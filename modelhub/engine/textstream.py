@@ -118,6 +118,11 @@ class Committer:
     def cancelled(self) -> bool:
         return self._cancel is not None and self._cancel.is_set()
 
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._stream.stop_hit if self._stream.stopped else None
+
     def finish(self) -> str:
         tail = self._stream.finish()
         if tail and self._on_token is not None:

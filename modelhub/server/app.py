@@ -20,6 +20,7 @@ from modelhub.server.errors import api_of, error_response
 from modelhub.server.metrics import CONTENT_TYPE_LATEST, RequestCounter
 from modelhub.server.routes_inference import router as inference_router
 from modelhub.server.routes_info import router as info_router
+from modelhub.server.routes_messages import router as messages_router
 from modelhub.server.routes_models import router as models_router
 from modelhub.server.routes_openai import router as openai_router
 from modelhub.server.routes_responses import router as responses_router
@@ -64,6 +65,7 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
     app.include_router(inference_router)
     app.include_router(openai_router)
     app.include_router(responses_router)
+    app.include_router(messages_router)
     app.include_router(info_router)
 
     # Every error answer is built by server/errors.py, in the family of the request's path.

@@ -3,7 +3,9 @@
 Routes raise ``modelhub.errors`` classes and never build an error body. Here an error's kind
 gives the status (``ErrorKind.status``) and the body: Ollama's ``{"error": "..."}`` on
 ``/api/*`` (and everywhere else), OpenAI's ``{"error": {"message", "type", "param", "code"}}``
-on ``/v1/*``; in a stream that has started, the same body is the last NDJSON line or SSE event.
+on ``/v1/*``, Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on
+``/v1/messages*`` (a busy daemon is its 529 ``overloaded_error``); in a stream that has
+started, the same body is the last NDJSON line or SSE event.
 Anything that is not a ``ModelhubError`` is a bug: it is logged with its traceback and answered
 as an internal error.
 """
@@ -18,11 +20,13 @@ from modelhub.server.jsonbody import JSONResponse
 
 log = logging.getLogger("modelhub.server")
 
-Api = Literal["ollama", "openai"]
+Api = Literal["ollama", "openai", "anthropic"]
 
 
 def api_of(path: str) -> Api:
     """Which family a request path belongs to."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
     return "openai" if path == "/v1" or path.startswith("/v1/") else "ollama"
 
 
@@ -38,6 +42,10 @@ def error_body(exc: BaseException, api: Api) -> dict[str, Any]:
     error = as_error(exc)
     if api == "ollama":
         return {"error": error.message}
+    if api == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(error.kind)
+        kind = kind or ("invalid_request_error" if error.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": error.message}}
     stored = error if isinstance(error, ResponseNotFoundError) else None  # a param, no code
     return {
         "error": {
@@ -51,11 +59,24 @@ def error_body(exc: BaseException, api: Api) -> dict[str, Any]:
 
 def error_response(exc: BaseException, api: Api) -> JSONResponse:
     error = as_error(exc)
-    return JSONResponse(error_body(error, api), status_code=error.status)
+    return JSONResponse(error_body(error, api), status_code=status_of(error, api))
+
+
+def status_of(error: ModelhubError, api: Api) -> int:
+    """The HTTP status of ``error`` in ``api``'s family."""
+    if api == "anthropic" and error.kind is ErrorKind.BUSY:
+        return 529  # Anthropic's "overloaded" (its SDKs retry it)
+    return error.status
 
 
 _OPENAI_CODES = {
     ErrorKind.NOT_FOUND: "model_not_found",
     ErrorKind.BUSY: "server_busy",
     ErrorKind.CANCELLED: "request_cancelled",
+}
+_ANTHROPIC_TYPES = {
+    ErrorKind.UNAUTHORIZED: "authentication_error",
+    ErrorKind.FORBIDDEN: "permission_error",
+    ErrorKind.NOT_FOUND: "not_found_error",
+    ErrorKind.BUSY: "overloaded_error",
 }

@@ -87,7 +87,7 @@ def _options(data: dict[str, Any]) -> dict[str, Any]:
         opts["stop"] = stop
     elif stop is not None:
         raise InputError("stop must be a string or an array of strings")
-    for key in ("draft", "draft_num_predict"):  # modelhub's extensions, as in ``options``
+    for key in ("draft", "draft_num_predict", "top_k"):  # extensions, as in ``options``
         if data.get(key) is not None:
             opts[key] = data[key]
     return opts
@@ -238,11 +238,17 @@ class Setup:
         return self.parser.finish() if self.parser is not None else ReplyPart()
 
 
-def chat_setup(state: ServerState, view: ModelView, data: dict[str, Any]) -> Setup:
-    """A chat-completions request (also what /v1/responses translates to), rendered."""
+def chat_setup(
+    state: ServerState,
+    view: ModelView,
+    data: dict[str, Any],
+    messages: list[dict[str, Any]] | None = None,
+) -> Setup:
+    """A chat-completions request (also what /v1/responses and /v1/messages translate to),
+    rendered; ``messages``, when given, are already in the template's form (/v1/messages)."""
     think = thinking(view, _think(data))
     tooling = tool_plan(view, field(data, "tools", list, []), data.get("tool_choice"))
-    messages = _chat_messages(data)
+    messages = _chat_messages(data) if messages is None else messages
     images = RequestImages()
     messages, todo = mark(images, messages, 0)
     text = chat_prompt(state, view, messages, tooling.tools, think=think)
