@@ -15,7 +15,7 @@ import click
 import httpx
 
 from modelhub import __version__
-from modelhub.cli import bench, info, models, pull, rpc_worker, run, runtime, serve
+from modelhub.cli import bench, info, launch, models, pull, rpc_worker, run, runtime, serve
 from modelhub.client import Client
 from modelhub.config import Settings
 from modelhub.errors import DaemonUnreachableError, ModelhubError
@@ -118,6 +118,7 @@ cli.add_command(pull.pull)
 cli.add_command(pull.prune)
 cli.add_command(bench.bench)
 cli.add_command(info.info)
+cli.add_command(launch.launch)
 cli.add_command(rpc_worker.rpc_worker)
 
 
