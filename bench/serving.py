@@ -3,7 +3,7 @@
     python bench/serving.py [--model smollm2-q4_1|smollm2-q8_0|PATH ...] [--threads 2]
                             [--num-ctx 2048] [--num-predict 128] [--repeats 5] [--prompts 3]
                             [--llama-server PATH] [--candidate PYTHONPATH] [--out results.json]
-                            [--concurrency [--clients 1,2,4,8] [--per-client 2]]
+                            [--concurrency [--clients 1,2,4,8] [--per-client 2]] [--agent]
 
 One run, one GGUF at a time, the same thread count, context size, prompts and greedy decoding
 with a fixed ``num_predict`` for every configuration:
@@ -615,6 +615,13 @@ def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace)
     return section
 
 
+def bench_agent(model: Path, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    """The coding-agent section (bench/agent.py) on a daemon of its own."""
+    import agent
+
+    return agent.run(model, settings, args.repeats)
+
+
 def report(
     model: Path,
     samples: dict[str, list[Sample]],
@@ -765,6 +772,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="client counts of the concurrency section (default 1,2,4,8)",
     )
     parser.add_argument("--per-client", type=int, default=2, help="requests per client")
+    parser.add_argument(
+        "--agent",
+        action="store_true",
+        help="also run the coding-agent flow through /v1/messages (bench/agent.py)",
+    )
     parser.add_argument("--ttft-trials", type=int, default=10)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -803,6 +815,8 @@ def main(argv: list[str] | None = None) -> int:
 
         results["concurrency"] = bench_concurrency(models[0], settings, args)
         conc.print_section(results["concurrency"])
+    if args.agent:
+        results["agent"] = bench_agent(models[0], settings, args)
     results["conditions"]["load_average_after"] = os.getloadavg()
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
