@@ -62,8 +62,9 @@ def test_api_pull_streams_ollama_progress_and_the_cli_shows_success(fresh_daemon
 
 
 def test_a_hugging_face_pull_brings_the_sidecar_drafter_unless_no_draft(tmp_path: Path):
-    """A Gemma 4 repo with its assistant drafter and a projector: the drafter is attached (show
-    lists it), the projector is not taken for one, and `pull --no-draft` leaves the drafter."""
+    """A Gemma 4 repo with its assistant drafter and an mmproj file: the drafter is attached (show
+    lists it), the mmproj file (not a projector here) is never taken for the weights or the
+    drafter and is left out with a warning, and `pull --no-draft` leaves the drafter."""
     target = write_tiny_gemma4(tmp_path / "target.gguf")
     assistant = write_tiny_gemma4_assistant(tmp_path / "assistant.gguf", target)
     files = {
@@ -88,7 +89,14 @@ def test_a_hugging_face_pull_brings_the_sidecar_drafter_unless_no_draft(tmp_path
             assert shown["draft"]["kind"] == "mtp_drafter"
             show = daemon.cli("show", "hf.co/org/gemma-4-tiny-it-GGUF:Q8_0")
             assert show.returncode == 0 and "mtp_drafter" in show.stdout, show.stdout
-            assert cdn.hits(sha256(files["mmproj-gemma-4-tiny-it-F16.gguf"])[7:]) == []
+            assert "vision" not in shown["capabilities"] and "projector_info" not in shown
+            assert any(
+                str(line.get("status", "")).startswith(
+                    "warning: the projector mmproj-gemma-4-tiny-it-F16.gguf that came with the "
+                    "model is not used"
+                )
+                for line in lines
+            )
 
             result = daemon.cli("pull", "--no-draft", "hf.co/org/gemma-4-tiny-it-GGUF")
             assert result.returncode == 0, result.stderr

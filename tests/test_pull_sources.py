@@ -223,10 +223,10 @@ def drafters(tmp_path_factory: pytest.TempPathFactory, ggufs) -> dict[str, bytes
     }
 
 
-def test_hf_sidecar_of_the_chosen_quant_is_attached_and_the_projector_left(
+def test_hf_sidecar_of_the_chosen_quant_is_attached_and_the_imatrix_left(
     store, hub, ggufs, drafters
 ):
-    projector = os.urandom(5000)
+    imatrix = os.urandom(5000)
     hub.add_repo(
         "org/side",
         {
@@ -234,7 +234,7 @@ def test_hf_sidecar_of_the_chosen_quant_is_attached_and_the_projector_left(
             "tiny-F16.gguf": ggufs["F16"],
             "mtp-tiny-F16.gguf": drafters["F16"],
             "mtp-tiny-Q8_0.gguf": drafters["Q8_0"],
-            "mmproj-tiny-F16.gguf": projector,
+            "imatrix-tiny.gguf": imatrix,
         },
     )
     recorder = Recorder()
@@ -244,7 +244,7 @@ def test_hf_sidecar_of_the_chosen_quant_is_attached_and_the_projector_left(
     assert (draft.digest, draft.from_) == (sha256(drafters["F16"]), "mtp-tiny-F16.gguf")
     assert config_of(store, name)["draft"]["kind"] == "draft_model"  # type: ignore[index]
     assert f"pulling {sha256(drafters['F16'])[7:19]}" in recorder.statuses
-    assert hub.cdn.hits(sha256(projector)[7:]) == []  # never fetched
+    assert hub.cdn.hits(sha256(imatrix)[7:]) == []  # never fetched
     assert [m for m in model.manifest.layers if m.media_type.endswith("projector")] == []
     assert store.verify(rehash=True) == []
 

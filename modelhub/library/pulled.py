@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelhub.errors import GGUFError, InputError
+from modelhub.gguf.info import is_gguf
+from modelhub.gguf.projector import is_projector
 from modelhub.library.create import CreateRequest, Creator
 from modelhub.library.views import ModelViews
 from modelhub.pull.base import Progress
@@ -22,14 +25,29 @@ def installer(store: Store) -> Installer:
             if str(item.get("status", "")).startswith(_FORWARDED):
                 progress(item)
 
+        views = ModelViews(store)
+        for fname, digest in fetched.projectors.items():
+            _check_projector_file(store, views, fname, digest)
         request = CreateRequest(
             model=fetched.name,
-            files=dict(fetched.files),
+            files={**fetched.files, **fetched.projectors},
             draft_files=dict(fetched.drafts),
             draft_sidecar=bool(fetched.drafts),
             template=fetched.template,
             parameters=dict(fetched.parameters),
         )
-        Creator(store, ModelViews(store), forward).run(request)
+        Creator(store, views, forward).run(request)
 
     return install
+
+
+def _check_projector_file(store: Store, views: ModelViews, fname: str, digest: str) -> None:
+    """A file a pull took for a projector by its name must be one (create would take any
+    other GGUF for weights)."""
+    path = store.blob_path(digest)
+    try:
+        ok = is_gguf(path) and is_projector(views.gguf_info(digest))
+    except GGUFError:
+        ok = False
+    if not ok:
+        raise InputError(f"{fname}: not a projector GGUF (architecture clip)")

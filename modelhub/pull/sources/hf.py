@@ -8,7 +8,9 @@ endpoint's origin only, never to the CDN it redirects to.
 
 A drafter the repo ships beside the weights (a "sidecar", recognised by the names repos give
 them: see :func:`draft_rank`) is pulled too, unless the caller says not to, and attached as the
-model's draft. A projector (``mmproj-*``) or an importance matrix is neither weights nor draft.
+model's draft. A projector (``mmproj-*.gguf``, as llama.cpp's ``-hf`` and Ollama's HF pulls
+find it) beside the chosen weights is pulled too and becomes the model's projector layer (see
+:func:`choose_projector`); an importance matrix is neither weights, draft nor projector.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ _DRAFT_NAMES = (
     re.compile(r"(?<![a-z0-9])draft", re.IGNORECASE),  # *-draft-*.gguf, draft-*.gguf
 )
 _NOT_A_MODEL = re.compile(r"mmproj|imatrix", re.IGNORECASE)
+_PROJECTOR = re.compile(r"mmproj", re.IGNORECASE)
+# a projector's precision when the repo has none of the weights' quant: the converters' default
+# (F16) first, then the other unquantised ones
+PROJECTOR_QUANTS = ("F16", "BF16", "F32", "Q8_0")
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,35 @@ def choose_files(
     return first, choose_draft(drafts, quant_of(first.path))
 
 
+def choose_projector(files: list[RepoFile], weights: str) -> RepoFile | None:
+    """The ``mmproj`` GGUF to attach to the weights at path ``weights``: one in the same folder
+    (else anywhere), of the weights' quant, else of the first of :data:`PROJECTOR_QUANTS`,
+    else one naming no quant, else the first by name; None when the repo has none."""
+    projectors = [
+        f
+        for f in files
+        if f.path.lower().endswith(".gguf")
+        and _PROJECTOR.search(os.path.basename(f.path))
+        and not _SPLIT.search(f.path)
+    ]
+    if not projectors:
+        return None
+    folder = os.path.dirname(weights)
+    quant = quant_of(weights)
+
+    def preference(file: RepoFile) -> tuple[int, int, str]:
+        own = quant_of(file.path)
+        if own is not None and own == quant:
+            rank = 0
+        elif own in PROJECTOR_QUANTS:
+            rank = 1 + PROJECTOR_QUANTS.index(own)
+        else:
+            rank = 1 + len(PROJECTOR_QUANTS) + (own is not None)
+        return (os.path.dirname(file.path) != folder, rank, file.path)
+
+    return min(projectors, key=preference)
+
+
 def hf_plan(
     client: HttpClient,
     ref: HFRef,
@@ -236,10 +271,12 @@ def hf_plan(
             f"the catalog pins {pin[0]}"
         )
     model = _fetch(client, ref.repo, revision, weights, pin)
+    projector = choose_projector(files, weights.path)
     return SingleFilePlan(
         name=name or ref.name,
         model=model,
         draft=_fetch(client, ref.repo, revision, draft, None) if draft else None,
+        projector=_fetch(client, ref.repo, revision, projector, None) if projector else None,
         notes=notes,
     )
 
