@@ -220,3 +220,22 @@ def test_plain_decoding_is_measured_again_while_drafting() -> None:
     late = res.ks[100:]
     assert 0 < late.count(0) <= len(late) // 20
     assert res.rate > 1.3 * baseline(CHEAP_DRAFT)
+
+
+@pytest.mark.parametrize("others", [0, 3])
+def test_in_a_batch_drafts_pay_only_if_the_whole_step_gains(others: int) -> None:
+    """On a CPU a step's cost grows with every row (a 4-row step ~2.6x a 1-row one): drafts
+    that would pay for a request alone slow the other requests' tokens more than they bring."""
+    step = CostModel(base=0.0047, per_row=0.0053, draft=0.0003)
+    in_batch = CostModel(base=step.base + others * step.per_row, per_row=step.per_row, draft=0.0003)
+    ctl = AdaptiveDraftLength(8)
+    ctl.others = others
+    res = simulate(ctl, in_batch, lambda r: 0.8, tokens=2000)
+    drafting = sum(k > 0 for k in res.ks[-300:])
+    # Tokens per second of the whole batch against every request decoding plainly.
+    total = (res.tokens + others * len(res.ks)) / res.seconds
+    plain = (others + 1) / in_batch.verify(1)
+    if others == 0:
+        assert drafting > 200 and total > 1.03 * plain
+    else:
+        assert drafting < 30 and total >= 0.96 * plain

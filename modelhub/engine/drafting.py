@@ -21,7 +21,7 @@ import numpy.typing as npt
 from modelhub.engine.sampling import Sampler, TokenConstraint
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import ProbabilityFn
-from modelhub.engine.speculative.choice import DraftChoice, Member
+from modelhub.engine.speculative.choice import DraftChoice, Member, load_bucket
 from modelhub.engine.speculative.factory import Preparing, Seeded
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ class RequestDrafting:
         self.options = options
         self.draft_min = draft_min
         self.klass = "grammar" if sampler.constraint is not None else "plain"
-        self.load = 1
+        self.load = 1  # the batch load bucket of the round in flight
+        self.others = 0  # the other requests decoding in its step
         # The round in flight.
         self.member: Member | None = None
         self.controller: AdaptiveDraftLength | None = None
@@ -67,7 +68,9 @@ class RequestDrafting:
         return self.choice.members
 
     def controller_of(self, member: Member) -> AdaptiveDraftLength:
-        return self._controllers(member.name, self.klass, self.load, member.max_k)
+        controller = self._controllers(member.name, self.klass, self.load, member.max_k)
+        controller.others = self.others
+        return controller
 
     def begin(self, prompt: Sequence[int], seed: int | None) -> None:
         for member in self.members:
@@ -76,10 +79,11 @@ class RequestDrafting:
             member.drafter.begin(prompt)
 
     # ---- a round -----------------------------------------------------------------------------
-    def plan(self, tokens: list[int], k_cap: int, load: int) -> list[int]:
-        """This round's drafts (at most ``k_cap``) by the drafter expected to pay most."""
+    def plan(self, tokens: list[int], k_cap: int, decoding: int = 1) -> list[int]:
+        """This round's drafts (at most ``k_cap``) by the drafter expected to pay most, in a
+        step where ``decoding`` requests (this one included) decode."""
         self.t_round = self._t_prep = time.perf_counter_ns()
-        self.load = load
+        self.load, self.others = load_bucket(decoding), max(0, decoding - 1)
         self.member, self.controller, self.k, self.drafts, self.q = None, None, 0, [], None
         if self.members:
             self._choose(tokens, k_cap)

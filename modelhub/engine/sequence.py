@@ -28,7 +28,7 @@ from modelhub.engine.rollback import RecurrentState
 from modelhub.engine.sampling import Sampler
 from modelhub.engine.shift import follow_shift, keep_count, shift_sequence
 from modelhub.engine.speculative.base import Drafter
-from modelhub.engine.speculative.choice import Member, load_bucket
+from modelhub.engine.speculative.choice import Member
 from modelhub.engine.speculative.draft_model import common_prefix
 from modelhub.engine.speculative.factory import TargetObserver
 from modelhub.engine.textstream import Committer
@@ -216,7 +216,7 @@ class Generation:
             k = min(k, remaining - 1)
         drafts: list[int] = []
         if self.drafting is not None:
-            drafts = self.drafting.plan(self.tokens, k, load_bucket(decoding))
+            drafts = self.drafting.plan(self.tokens, k, decoding)
         t_drafted = time.perf_counter_ns()
         assert self.slot is not None
         self.engine.rollback.before_round(self.slot.seq, self.slot.recurrent, n_past, len(drafts))

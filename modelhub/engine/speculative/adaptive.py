@@ -12,8 +12,11 @@ many were accepted, and how long drafting and verification took. From that the c
 
 The expected number of tokens a round emits with K drafts is (1 - a^(K+1)) / (1 - a), so the
 rate for K is that over ``K * draft + verify(K + 1)``; K = 0 is plain decoding at
-``1 / verify(1)``. The controller picks the best K; when no K beats plain decoding it stops
-drafting and re-probes now and then, spending at most a few percent of the time on probes.
+``1 / verify(1)``. In a batch the verify times are those of the whole step, and the tokens the
+other requests emit in that step (``others``) count too: drafts that slow everyone's step pay
+only when they bring more than the rest of the batch loses. The controller picks the best K;
+when no K beats plain decoding it stops drafting and re-probes now and then, spending at most a
+few percent of the time on probes.
 
 A drafter that rates each of its tokens (``Proposal.confidence``, e.g. n-gram drafts, whose
 quality depends on how long a match they come from) is asked for ``max_k`` tokens every round
@@ -133,6 +136,8 @@ class AdaptiveDraftLength:
         self._rated = False  # the drafter rates its tokens: cut() decides, next_k() asks max_k
         self.current_k = self.max_k
         self.last_cut_rate: float | None = None  # expected tokens/s of the last cut() prefix
+        # Tokens the other requests in the batch emit per step (set before each decision).
+        self.others = 0
 
     # ---- estimates -------------------------------------------------------------------------
     @property
@@ -184,7 +189,7 @@ class AdaptiveDraftLength:
         if verify is None:
             return None
         draft = 0.0 if k == 0 else k * (self._draft.value or 0.0)
-        return self.expected_tokens(k) / (draft + verify)
+        return (self.others + self.expected_tokens(k)) / (draft + verify)
 
     @property
     def draft_rounds(self) -> int:
@@ -241,7 +246,7 @@ class AdaptiveDraftLength:
         """The best prefix length and its expected tokens per second (``plain`` for 0)."""
         draft = self._draft.value or 0.0
         best_k, best_rate = 0, plain * _MARGIN
-        expected, survive = 1.0, 1.0
+        expected, survive = 1.0 + self.others, 1.0
         for k, c in enumerate(confidence, start=1):
             survive *= c
             expected += survive
