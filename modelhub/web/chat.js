@@ -259,7 +259,8 @@ async function generate() {
       }
       if (msg.tool_calls) reply.tool_calls = [...(reply.tool_calls || []), ...msg.tool_calls];
       if (obj.done) reply.stats = { ...final(obj), seed: body.options.seed };
-      if (!pending) { pending = true; requestAnimationFrame(paint); }
+      // At most ~8 repaints a second: on a small machine the browser shares the CPU with the model.
+      if (!pending) { pending = true; setTimeout(() => requestAnimationFrame(paint), 120); }
     }, controller.signal);
     setStatus("");
   } catch (err) {

@@ -21,7 +21,7 @@ export class LiveStats {
     this.kept = 0;
     this.drafter = null;
     this.stopped = false;
-    this.timer = setInterval(() => this.poll(), 400);
+    this.timer = setInterval(() => this.poll(), 1000);
     this.poll();
   }
 
