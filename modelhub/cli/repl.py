@@ -21,6 +21,7 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
 from modelhub.cli import render
 from modelhub.cli.answer import answer_writer, close_stream, stream_answer
+from modelhub.cli.images import attach
 from modelhub.cli.repl_commands import (
     CONTINUATION,
     HELP,
@@ -151,7 +152,11 @@ class Repl:
     def chat(self, text: str) -> None:
         """One turn: the answer streams to stdout; Ctrl-C stops it and forgets the turn."""
         state = self.state
-        state.messages.append({"role": "user", "content": text})
+        found = attach(text, self.info, lambda line: self.err.write(line + "\n"))
+        message: dict[str, Any] = {"role": "user", "content": found.prompt}
+        if found.images:
+            message["images"] = found.images
+        state.messages.append(message)
         writer = answer_writer(
             self.out,
             wordwrap=state.wordwrap,

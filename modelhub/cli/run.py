@@ -26,6 +26,7 @@ from modelhub.cli.answer import (
     use_colour,
     wrap_width,
 )
+from modelhub.cli.images import attach
 from modelhub.cli.models import connect
 from modelhub.cli.pull import pull_model
 from modelhub.cli.stats import acceptance_rate, format_go_duration, print_stats, stats_lines
@@ -92,8 +93,11 @@ def generate_body(
     fmt: str | None,
     keep_alive: str | float | None,
     think: bool | str | None = None,
+    images: list[str] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": True}
+    if images:
+        body["images"] = images
     if fmt:
         body["format"] = fmt
     if think is not None:
@@ -184,7 +188,8 @@ def run(
     """Run MODEL: answer PROMPT, or chat interactively when no prompt is given.
 
     Text piped on stdin is put before PROMPT. A model the daemon does not have is pulled
-    first. In the chat, type /? for help.
+    first. For a model that reads images, image files named in the prompt (./photo.png,
+    /path/to/a.jpg) are attached. In the chat, type /? for help.
     """
     keep_alive = keep_alive_value(keepalive) if keepalive is not None else None
     thinking = think_value(think)
@@ -211,7 +216,10 @@ def run(
         )
         run_repl(client, state, info)
         return
-    body = generate_body(model, " ".join(parts), fmt=fmt, keep_alive=keep_alive, think=thinking)
+    found = attach(" ".join(parts), info, lambda line: click.echo(line, err=True))
+    body = generate_body(
+        model, found.prompt, fmt=fmt, keep_alive=keep_alive, think=thinking, images=found.images
+    )
     one_shot(
         client,
         body,
