@@ -208,8 +208,8 @@ def test_junk_images_and_think_are_400s(served: Daemon) -> None:
         ({"images": "abc"}, 'field "images" must be an array of base64 strings'),
         ({"images": ["@@@"]}, "images[0]: invalid base64 data"),
         ({"images": ["aGk="]}, "images"),  # no projector (generate), not on a message (chat)
-        ({"think": "maybe"}, "invalid think value 'maybe': use true, false,"),
-        ({"think": 3}, "invalid think value 3"),
+        ({"think": "maybe"}, 'invalid think value: "maybe" (must be "high"'),
+        ({"think": 3}, "invalid think value: 3"),
     ]
     with served.client() as c:
         for extra, message in cases:
