@@ -8,8 +8,10 @@ code comes back inside the call's JSON), then the ``tool_result`` and the model'
 words. Both turns stream through ``POST /v1/messages``, greedy, once with drafting on by
 default (``DRAFT auto``) and once with ``"draft": "off"`` in the body, taking turns for
 ``--repeats`` rounds. Per configuration: the decode rate a client sees on the first turn
-(output tokens after the first delta / time from the first delta to ``message_stop``), the
-drafts ``usage`` reports, and whether the two configurations wrote the same call.
+(output tokens after the first / time from ``message_start``, which the daemon sends with the
+first token, to ``message_stop``: a forced call arrives whole at its end, so its deltas cannot
+time it), the turn's wall time, the drafts ``usage`` reports, and whether the two
+configurations wrote the same call.
 """
 
 from __future__ import annotations
@@ -63,10 +65,11 @@ def _turn(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
                 continue
             event = json.loads(line[6:])
             kind = event["type"]
-            if kind == "content_block_start":
+            if kind == "message_start":  # sent once the first token is there
+                first = time.perf_counter()
+            elif kind == "content_block_start":
                 blocks.append({**event["content_block"], "text_or_json": ""})
             elif kind == "content_block_delta":
-                first = first or time.perf_counter()
                 delta = event["delta"]
                 blocks[-1]["text_or_json"] += delta.get("text") or delta.get("partial_json") or ""
             elif kind == "message_delta":
