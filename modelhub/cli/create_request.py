@@ -23,7 +23,7 @@ from modelhub.cli.create_files import (
 )
 from modelhub.errors import InputError, InvalidNameError, ModelfileError
 from modelhub.modelfile import Command, parameters_from_commands, parse_modelfile
-from modelhub.modelfile.params import normalize_requires
+from modelhub.modelfile.fields import add_text_fields
 from modelhub.store.names import parse_name
 
 DRAFT_KEYWORDS = frozenset({"auto", "none", "mtp", "ngram"})
@@ -125,7 +125,7 @@ def plan_from_commands(
     draft_word = _draft_reference(commands, base_dir, has_files=bool(plan.draft_files))
     if draft_word is not None:
         fields["draft"] = draft_word
-    _add_text_fields(commands, fields)
+    add_text_fields(commands, fields)
 
     parameters, warnings = parameters_from_commands(list(commands))
     plan.warnings.extend(warnings)
@@ -236,28 +236,3 @@ def _checked_name(keyword: str, command: Command, base_dir: Path) -> str:
             command.line,
         ) from exc
     return raw
-
-
-def _add_text_fields(commands: Sequence[Command], fields: dict[str, Any]) -> None:
-    licenses: list[str] = []
-    messages: list[dict[str, str]] = []
-    for command in commands:
-        name, value = command.name, command.args
-        if name in ("template", "renderer", "parser"):
-            fields[name] = value
-        elif name == "system":
-            if value:  # an empty SYSTEM means "not given", as in Ollama
-                fields["system"] = value
-        elif name == "license":
-            licenses.append(value)
-        elif name == "message":
-            role, separator, content = value.partition(": ")
-            if not separator:
-                role, _, content = value.partition(":")
-            messages.append({"role": role.strip().lower(), "content": content})
-        elif name == "requires":
-            fields["requires"] = normalize_requires(command.args.strip(), command.line)
-    if licenses:
-        fields["license"] = licenses
-    if messages:
-        fields["messages"] = messages

@@ -15,7 +15,7 @@ from typing import Any
 
 from modelhub.errors import InputError, InvalidNameError, ModelfileError
 from modelhub.modelfile import Command, parameters_from_commands, parse_modelfile
-from modelhub.modelfile.params import normalize_requires
+from modelhub.modelfile.fields import add_text_fields
 from modelhub.store.names import parse_name
 
 DRAFT_KEYWORDS = frozenset({"auto", "none", "mtp", "ngram"})
@@ -37,8 +37,6 @@ def modelfile_fields(text: str) -> dict[str, Any]:
     """A Modelfile's instructions as ``/api/create`` fields; ModelfileError with the line."""
     commands = parse_modelfile(text)
     fields: dict[str, Any] = {}
-    licenses: list[str] = []
-    messages: list[dict[str, str]] = []
     for command in commands:
         name, value = command.name, command.args
         if name == "model":
@@ -50,28 +48,12 @@ def modelfile_fields(text: str) -> dict[str, Any]:
             )
         elif name == "adapter":
             raise ModelfileError(f"ADAPTER {value.strip()}: {_FILE_HINT}", command.line)
-        elif name in ("template", "renderer", "parser"):
-            fields[name] = value
-        elif name == "system" and value:
-            fields["system"] = value
-        elif name == "license":
-            licenses.append(value)
-        elif name == "message":
-            role, separator, content = value.partition(": ")
-            if not separator:
-                role, _, content = value.partition(":")
-            messages.append({"role": role.strip().lower(), "content": content})
-        elif name == "requires":
-            fields["requires"] = normalize_requires(value.strip(), command.line)
     if "from" not in fields:
         raise ModelfileError("no FROM line")
     parameters, _warnings = parameters_from_commands(commands)
     if parameters:
         fields["parameters"] = parameters
-    if licenses:
-        fields["license"] = licenses
-    if messages:
-        fields["messages"] = messages
+    add_text_fields(commands, fields)
     return fields
 
 
