@@ -11,7 +11,9 @@ daemon -> runner
    "images": {"index": {"width": n, "height": n, "rgb": base64}} | absent}
   {"op": "embed", "id": "...", "texts": ["..."]}
   {"op": "tokenize", "id": "...", "text": "...", "add_special": true}
-  {"op": "count", "id": "...", "texts": ["..."], "add_special": true}   (token counts)
+  {"op": "count", "id": "...", "texts": ["..."], "add_special": true,
+   "image_marker": "regex" | absent, "image_sizes": {"index": [width, height]} | absent}
+                                              (token counts; an image counts its positions)
   {"op": "drafting", "id": "..."}             (what drafting measured: ``Engine.drafting_report``)
   {"op": "cancel", "id": "..."}
   {"op": "shutdown"}
@@ -230,10 +232,11 @@ class Runner:
             )
             self.send({"id": rid, "event": "tokens", "tokens": tokens})
         elif op == "count":
+            from modelhub.engine.vision import count_tokens
+
             special = bool(msg.get("add_special", True))
             counts = [
-                len(engine.tokenize(str(t), add_special=special, cancel=cancel))
-                for t in msg.get("texts") or []
+                count_tokens(engine, str(t), msg, special, cancel) for t in msg.get("texts") or []
             ]
             self.send({"id": rid, "event": "counts", "counts": counts})
         else:

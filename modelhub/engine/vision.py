@@ -18,6 +18,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from modelhub.engine.sequence import Generation, Slot
 
 log = logging.getLogger("modelhub.vision")
+MAX_COUNTED_PIXELS = 64_000_000  # the daemon sends at most 1536 x 1536
 IMAGES_WITH_OBSERVERS = (
     "images with a drafter that reads the target's hidden states (MTP, EAGLE-3, DFlash) are "
     'not supported yet: send options {"draft": "off"} or use DRAFT ngram or a draft model'
@@ -98,18 +102,44 @@ class Projector:
             raise InputError(f"projector {path.name} has no vision encoder")
         # any id the tokenizer has: what drafters and samplers see at image positions
         self.placeholder = model.bos if 0 <= model.bos < model.n_vocab else 0
+        self._sizes: dict[tuple[int, int], int] = {}  # image_tokens by image size
 
     def encode(self, image: RawImage) -> list[list[int] | ImageSpan]:
         """The pieces ``image`` becomes: token lists (a projector's begin/end-of-image
         tokens, if it has any) and one image span (``start`` 0: placed by the caller)."""
         if len(image.rgb) != image.width * image.height * 3:
             raise InputError("image pixels do not match its size")
+        digest = hashlib.sha256(f"{image.width}x{image.height}:".encode() + image.rgb).hexdigest()
+        with self._chunks(image) as chunks:
+            return [
+                self._piece(mtmd.mtmd_input_chunks_get(chunks, i), digest)
+                for i in range(mtmd.mtmd_input_chunks_size(chunks))
+            ]
+
+    def image_tokens(self, width: int, height: int) -> int:
+        """The positions an image of this size takes in a prompt (its image tokens and the
+        projector's begin/end tokens), without encoding it: what truncation counts."""
+        key = (width, height)
+        if key not in self._sizes:
+            blank = RawImage(width, height, bytes(width * height * 3))
+            with self._chunks(blank) as chunks:
+                self._sizes[key] = sum(
+                    int(mtmd.mtmd_input_chunk_get_n_tokens(mtmd.mtmd_input_chunks_get(chunks, i)))
+                    for i in range(mtmd.mtmd_input_chunks_size(chunks))
+                )
+        return self._sizes[key]
+
+    @contextmanager
+    def _chunks(self, image: RawImage) -> Iterator[Any]:
+        """libmtmd's chunks of ``image`` (preprocessed, not encoded), freed afterwards."""
+        if width_height_bad(image.width, image.height):
+            raise InputError(f"an image of {image.width}x{image.height} pixels")
         buf = (ctypes.c_uint8 * len(image.rgb)).from_buffer_copy(image.rgb)
         bitmap = mtmd.mtmd_bitmap_init(image.width, image.height, buf)
         chunks = mtmd.mtmd_input_chunks_init()
-        if not bitmap or not chunks:
-            raise ModelhubError("libmtmd could not allocate an image")
         try:
+            if not bitmap or not chunks:
+                raise ModelhubError("libmtmd could not allocate an image")
             part = mtmd.mtmd_input_part(None, bitmap)
             parts = (ctypes.POINTER(mtmd.mtmd_input_part) * 1)(ctypes.pointer(part))
             mark = native_log_mark()
@@ -118,16 +148,12 @@ class Projector:
                     f"the projector cannot take this image: "
                     f"{native_messages_since(mark) or 'no details'}"
                 )
-            digest = hashlib.sha256(
-                f"{image.width}x{image.height}:".encode() + image.rgb
-            ).hexdigest()
-            return [
-                self._piece(mtmd.mtmd_input_chunks_get(chunks, i), digest)
-                for i in range(mtmd.mtmd_input_chunks_size(chunks))
-            ]
+            yield chunks
         finally:
-            mtmd.mtmd_input_chunks_free(chunks)
-            mtmd.mtmd_bitmap_free(bitmap)
+            if chunks:
+                mtmd.mtmd_input_chunks_free(chunks)
+            if bitmap:
+                mtmd.mtmd_bitmap_free(bitmap)
 
     def _piece(self, chunk: Any, digest: str) -> list[int] | ImageSpan:
         kind = mtmd.mtmd_input_chunk_get_type(chunk)
@@ -251,13 +277,40 @@ def decode_embeddings(ctx: LlamaContext, span: ImageSpan, seq: int) -> None:
         llama_cpp.llama_batch_free(batch)
 
 
+def width_height_bad(width: int, height: int) -> bool:
+    return width <= 0 or height <= 0 or width * height > MAX_COUNTED_PIXELS
+
+
+def count_tokens(
+    engine: Any, text: str, msg: dict[str, Any], add_special: bool, cancel: Any
+) -> int:
+    """The positions ``text`` takes in a prompt, each match of the count request's
+    ``image_marker`` counted as the image of that index takes (``image_sizes``: index ->
+    [width, height]); plain text when the request has no marker or the model no projector."""
+    marker = str(msg.get("image_marker") or "")
+    projector: Projector | None = engine.projector
+    if not marker or projector is None:
+        return len(engine.tokenize(text, add_special=add_special, cancel=cancel))
+    sizes = msg.get("image_sizes") or {}
+    n = 0
+    for i, part in enumerate(re.split(marker, text)):
+        if i % 2 == 0:
+            if part or i == 0:
+                n += len(engine.tokenize(part, add_special=add_special and i == 0, cancel=cancel))
+            continue
+        size = sizes.get(part)
+        if not isinstance(size, list | tuple) or len(size) != 2:
+            raise InputError(f"image {part} of the text to count was not sent")
+        n += projector.image_tokens(int(size[0]), int(size[1]))
+    return n
+
+
 def prompt_with_images(
     engine: Any, text: str, context: list[int], msg: dict[str, Any], cancel: Any
 ) -> tuple[list[int], list[ImageSpan]]:
     """A generate request's prompt whose ``image_marker`` matches stand for its ``images``
     (see the runner protocol): the text between markers tokenized, each image encoded."""
     import base64
-    import re
 
     projector: Projector | None = engine.projector
     if projector is None:

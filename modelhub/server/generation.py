@@ -52,7 +52,8 @@ async def run_on_runner(
     async with state.scheduler.use(plan.spec, keep_alive, sequence=sequence) as loaded:
         yield {"event": "ready", "load_duration": time.monotonic_ns() - started_ns}
         if fit is not None:
-            msg = {**msg, "prompt": await fit(runner_counter(loaded), context_size(loaded))}
+            count = runner_counter(loaded, fit.count_fields())
+            msg = {**msg, "prompt": await fit(count, context_size(loaded))}
         async for event in loaded.process.request(msg):
             kind_of = event.get("event")
             if kind_of == "error":
@@ -73,14 +74,15 @@ async def fitted_prompt(
     """The prompt ``fit`` makes on the plan's runner, without generating (Ollama's
     ``_debug_render_only``)."""
     async with state.scheduler.use(plan.spec, keep_alive) as loaded:
-        return await fit(runner_counter(loaded), context_size(loaded))
+        return await fit(runner_counter(loaded, fit.count_fields()), context_size(loaded))
 
 
-def runner_counter(loaded: Loaded) -> Count:
-    """Token counts from the runner's own tokenizer (``op: count``)."""
+def runner_counter(loaded: Loaded, extra: dict[str, Any] | None = None) -> Count:
+    """Token counts from the runner's own tokenizer (``op: count``); ``extra``: the request's
+    image fields (``RequestImages.count_fields``), so that images count as their positions."""
 
     async def count(texts: list[str], add_special: bool) -> list[int]:
-        msg = {"op": "count", "texts": texts, "add_special": add_special}
+        msg = {"op": "count", "texts": texts, "add_special": add_special, **(extra or {})}
         counts: list[int] | None = None
         async for event in loaded.process.request(msg):  # ends after its final event
             if event.get("event") == "error":

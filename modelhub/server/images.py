@@ -58,6 +58,15 @@ class RequestImages:
         }
 
 
+    def count_fields(self) -> dict[str, Any]:
+        """What the runner's ``count`` op takes to count each marker as its image's positions
+        (the projector's tokens for an image of that size): nothing when there is no image."""
+        if not self.pixels:
+            return {}
+        sizes = {str(i): [p["width"], p["height"]] for i, p in enumerate(self.pixels)}
+        return {"image_marker": self.pattern, "image_sizes": sizes}
+
+
 def decode_image(data: str, where: str) -> dict[str, Any]:
     """One base64 image, checked and decoded to RGB (``where`` names it in errors)."""
     from PIL import Image, ImageFile, UnidentifiedImageError

@@ -276,6 +276,7 @@ async def chat(request: Request) -> Response:
         lambda kept: chat_prompt(state, view, kept, tooling.tools, think=think),
         truncate=field(req.data, "truncate", bool, True),
         num_keep=int(p.options.get("num_keep", 4)),
+        count_fields=images.count_fields,
     )
     if field(req.data, "_debug_render_only", bool, False):
         return await _rendered_only(state, p, req, fit)

@@ -257,6 +257,7 @@ def chat_setup(
         messages,
         lambda kept: chat_prompt(state, view, kept, tooling.tools, think=think),
         truncate=field(data, "truncate", bool, True),
+        count_fields=images.count_fields,  # images are decoded before the fit counts
     )
     parser = reply_parser(view, text, think, tooling.tools)
     return Setup(text, grammar, parser, fit, logprobs.requested(data), images, todo)

@@ -22,7 +22,10 @@ Tokens are counted by the model's runner (``op: count``), which holds the tokeni
 is evaluated with, BOS rule included: the daemon loads no llama.cpp code of its own, so a
 vocabulary that crashes llama.cpp costs a runner, not the daemon, and the count is exact. It
 takes two round trips to the runner for a chat that does not fit (the messages' sizes, then
-the candidate renderings) and one for a chat that does.
+the candidate renderings) and one for a chat that does. An image counts as the positions the
+model's projector gives it (``ChatFit.count_fields``: the runner asks its projector, by the
+image's size), not as the text of its marker; an image belongs to its message, so a cut, which
+drops whole messages, never falls inside one.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class ChatFit:
     render: Render
     truncate: bool = True
     num_keep: int = 4
+    # what the runner's count op needs to count image markers as images, asked when counting
+    # (the request's images are decoded by then): ``RequestImages.count_fields``
+    count_fields: Callable[[], dict[str, Any]] = dict
 
     def shortest(self) -> str:
         """The least this chat can be rendered to (the last message with the system messages;
