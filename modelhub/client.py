@@ -1,7 +1,9 @@
 """HTTP client for the modelhub daemon; also the public Python API.
 
 It speaks the Ollama-compatible ``/api/*`` routes. Failures come back as exceptions of our
-hierarchy, typed by what the daemon answered (:func:`error_from_response`: a 404 is a
+hierarchy, typed by what the daemon answered (:func:`error_from_response`: the class the
+daemon raised, which it names beside every error answer and in the last line of a stream that
+failed; from the status alone for a server that does not name it: a 404 is a
 ``NotFoundError``, a 400 an ``InputError``, ...), and ``DaemonUnreachableError`` when nothing
 answers, so callers branch on classes and never see a raw httpx traceback.
 """
@@ -25,7 +27,13 @@ from filelock import FileLock, Timeout
 
 from modelhub import __version__
 from modelhub.config import Settings, log_dir, parse_host
-from modelhub.errors import DaemonUnreachableError, ModelhubError, error_for_status
+from modelhub.errors import (
+    DaemonUnreachableError,
+    ErrorKind,
+    ModelhubError,
+    error_for_status,
+    rebuilt_error,
+)
 
 AUTOSTART_WAIT_SECONDS = 30.0
 _UPLOAD_CHUNK = 1 << 20
@@ -38,7 +46,16 @@ def error_from_response(response: httpx.Response) -> ModelhubError:
     """The one place where an error answer of the daemon becomes a typed error: its class
     from the status, its message the daemon's own words (the CLI prints ``Error: <message>``
     whether the call streamed or not)."""
-    return error_for_status(response.status_code, _error_text(response))
+    headers = response.headers
+    name, kind = headers.get("x-modelhub-error-class"), headers.get("x-modelhub-error-kind")
+    return _typed(name, kind, response.status_code, _error_text(response))
+
+
+def _typed(name: str | None, kind: str | None, status: int, message: str) -> ModelhubError:
+    """The class the daemon named, else the class of the status."""
+    if name and kind:
+        return rebuilt_error(name, ErrorKind.named(kind), message)
+    return error_for_status(status, message)
 
 
 def _reason(status: int) -> str:
@@ -124,8 +141,8 @@ class Client:
     def stream(self, method: str, path: str, body: Any) -> Iterator[dict[str, Any]]:
         """Send ``body`` and yield each NDJSON object of the answer as it arrives.
 
-        Raises the typed error of an HTTP error status (:func:`error_from_response`), or a
-        ``ModelhubError`` with the text of a line carrying ``error`` (a failure mid-stream).
+        Raises the typed error of an HTTP error status (:func:`error_from_response`), or of a
+        line carrying ``error`` (a failure mid-stream: the same class as before the stream).
         """
         headers = {"Accept": "application/x-ndjson"}
         try:
@@ -138,7 +155,8 @@ class Client:
                         continue
                     item = _decode_line(line)
                     if item.get("error"):
-                        raise ModelhubError(str(item["error"]))
+                        name, kind = item.get("error_class"), item.get("error_kind")
+                        raise _typed(name, kind, 500, str(item["error"]))
                     yield item
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc

@@ -5,10 +5,15 @@ Each error carries a message meant for a person (what was wrong, where, what to 
 Ollama's or OpenAI's status and body (``server/errors.py``), the runner protocol carries it
 by name, the client turns a status back into the class of its kind (:func:`error_for_status`),
 and the CLI branches on the class and picks its exit code.
+
+Where an error crosses a process boundary (the runner pipe, the daemon's HTTP answers) its
+class travels by name too (:func:`error_name`, :func:`rebuilt_error`), so that the other side
+raises the same class: a ``RunnerCrashedError`` stays one, not the base class of its status.
 """
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 
 
@@ -197,6 +202,11 @@ class RunnerCrashedError(ModelhubError):
     """A model runner process died (a crash, an abort, an OOM kill) or did not load in time."""
 
 
+class RunnerProtocolError(ModelhubError):
+    """A message between the daemon and a runner that the other side does not understand (a
+    field or option it does not know, a value of the wrong type): a bug, refused loudly."""
+
+
 _BY_KIND: dict[ErrorKind, type[ModelhubError]] = {
     ErrorKind.INVALID: InputError,
     ErrorKind.UNAUTHORIZED: UnauthorizedError,
@@ -218,6 +228,39 @@ def error_for_kind(kind: ErrorKind, message: str) -> ModelhubError:
     return cls(message) if cls is not None else ModelhubError(message, kind)
 
 
+def error_name(error: ModelhubError) -> str:
+    """The name ``error``'s class crosses a process boundary with (:func:`rebuilt_error`)."""
+    name = type(error).__name__
+    return name if _classes().get(name) is type(error) else ModelhubError.__name__
+
+
+def rebuilt_error(name: str | None, kind: ErrorKind, message: str) -> ModelhubError:
+    """The error a boundary carried as (class ``name``, ``kind``, ``message``): the class of
+    that name when it is one of ours and of that kind, else the class of the kind (an older
+    peer, or a name this version does not have)."""
+    cls = _classes().get(name or "")
+    if cls is None or (cls is not ModelhubError and cls.kind is not kind):
+        return error_for_kind(kind, message)
+    error = cls.__new__(cls)
+    ModelhubError.__init__(error, message, kind if cls is ModelhubError else None)
+    for attr, value in _WIRE_DEFAULTS.get(cls, {}).items():  # fields of their own: defaults
+        setattr(error, attr, value(message) if callable(value) else value)
+    return error
+
+
+@functools.cache
+def _classes() -> dict[str, type[ModelhubError]]:
+    """Every class of the hierarchy, by name (all of them live in this module)."""
+    found: dict[str, type[ModelhubError]] = {ModelhubError.__name__: ModelhubError}
+    todo: list[type[ModelhubError]] = [ModelhubError]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__module__ == __name__ and sub.__name__ not in found:
+                found[sub.__name__] = sub
+                todo.append(sub)
+    return found
+
+
 def error_for_status(status: int, message: str) -> ModelhubError:
     """The error an HTTP status from the daemon stands for (the inverse of ``kind.status``;
     a 500 stays a plain ``ModelhubError``, as several kinds answer it)."""
@@ -226,3 +269,9 @@ def error_for_status(status: int, message: str) -> ModelhubError:
 
 
 _AMBIGUOUS = (ErrorKind.RESOURCES, ErrorKind.UNREACHABLE)  # share 500 / 503 with other kinds
+# Attributes some classes set in their own ``__init__``, for one rebuilt from its message.
+_WIRE_DEFAULTS: dict[type[ModelhubError], dict[str, object]] = {
+    ModelfileError: {"line": None},
+    ResponseNotFoundError: {"param": None},
+    DamagedModelError: {"problems": lambda message: [message]},
+}

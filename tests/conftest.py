@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from devtools.daemons import LIVE, Daemon, start_daemon
+from tests.fakes.daemon import FakeDaemon, fake_daemon
 
 __all__ = ["Daemon", "start_daemon"]  # still imported from here by some test files
 
@@ -57,3 +58,11 @@ def fresh_daemon(tmp_path: Path) -> Iterator[Daemon]:
     d = start_daemon(tmp_path / "models", tmp_path / "daemon.log")
     yield d
     d.stop()
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeDaemon]:
+    """The daemon's app in-process over fake runners (``tests/fakes``): for tests of routes,
+    the scheduler and the client whose subject is not the model."""
+    with fake_daemon(tmp_path) as d:
+        yield d

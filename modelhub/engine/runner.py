@@ -32,7 +32,10 @@ runner -> daemon
   {"id": "...", "event": "error", "message": "...", "kind": "invalid_request" | ...}
   {"event": "alive"}                    (every second or so with ``--heartbeat SECONDS``)
 
-``kind`` is an ``errors.ErrorKind`` label; the daemon raises the error class of that kind.
+``kind`` is an ``errors.ErrorKind`` label and ``error`` the name of the error's class: the
+daemon raises that class again (``errors.rebuilt_error``). Every line is a class of
+``engine.protocol``, which refuses a field it does not know: a request this runner cannot read
+whole is answered with a ``RunnerProtocolError``, never served with a field dropped.
 Embeddings come in pieces of at most about ``EMBED_PIECE_FLOATS`` numbers (``vectors`` events,
 then the final ``embeddings`` with the last piece), so no line outgrows what the daemon reads
 whatever the batch. A heartbeat thread says ``alive`` however busy the others are, and stderr
@@ -56,8 +59,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from modelhub.engine import protocol as p
 from modelhub.engine.liveness import LOAD_MARK, Heartbeat, write_mark
-from modelhub.errors import ErrorKind, ModelhubError, RequestCancelledError
+from modelhub.errors import ModelhubError, RequestCancelledError, RunnerProtocolError
 
 if TYPE_CHECKING:  # the engine (llama.cpp) loads only in the runner's own start-up
     from modelhub.engine.generate import Engine
@@ -87,12 +91,16 @@ class Runner:
         self.heartbeat = Heartbeat(self.send, heartbeat) if heartbeat > 0 else None
         self.out_lock = threading.Lock()
         self.engine: Any = None
-        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.jobs: queue.Queue[p.Job | object] = queue.Queue()
         self.cancels: dict[str, threading.Event] = {}
         self.cancel_lock = threading.Lock()
 
-    def send(self, obj: dict[str, Any]) -> None:
-        line = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    def send(self, event: p.Message | dict[str, Any]) -> None:
+        """Write one event (a dict only for the heartbeat's ``alive``)."""
+        if isinstance(event, p.Message):
+            line = event.encode()
+        else:
+            line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
         with self.out_lock:
             self.out.write(line + "\n")
             self.out.flush()
@@ -106,22 +114,25 @@ class Runner:
         for raw in inp:
             if not raw.strip():
                 continue
-            msg = json.loads(raw)
-            op = msg.get("op")
-            if op == "load":
+            try:
+                msg = p.decode_request(raw)
+            except RunnerProtocolError as exc:
+                self._refuse(raw, exc)
+                continue
+            if isinstance(msg, p.Load):
                 write_mark("begin", LOAD_MARK)
-                self._load(msg.get("config") or {})
+                self._load(msg.config)
                 write_mark("end", LOAD_MARK)
-            elif op == "cancel":
+            elif isinstance(msg, p.Cancel):
                 with self.cancel_lock:
-                    event = self.cancels.get(str(msg.get("id")))
+                    event = self.cancels.get(msg.id)
                 if event is not None:
                     event.set()
-            elif op == "shutdown":
+            elif isinstance(msg, p.Shutdown):
                 break
             else:
                 with self.cancel_lock:
-                    self.cancels[str(msg.get("id"))] = threading.Event()
+                    self.cancels[msg.id] = threading.Event()
                 self.jobs.put(msg)
         self.jobs.put(_STOP)
         if self.heartbeat is not None:
@@ -130,12 +141,24 @@ class Runner:
         if self.engine is not None:
             self.engine.close()
 
+    def _refuse(self, raw: str, error: RunnerProtocolError) -> None:
+        """Answer a line that is not a request of the protocol, where its sender waits."""
+        print(f"refused: {error.message}", file=sys.stderr)
+        if '"load"' in raw and '"op"' in raw and '"config"' in raw:
+            self.send(p.LoadError.of(error))
+        else:
+            self.send(p.ErrorEvent.of(error, id=p.request_id(raw)))
+
     def _load(self, config: dict[str, Any]) -> None:
         from modelhub.engine.generate import Engine, EngineConfig
         from modelhub.engine.options import DraftSource
 
-        known = {f.name for f in fields(EngineConfig)}
-        cfg = {k: v for k, v in config.items() if k in known}
+        unknown = sorted(set(config) - {f.name for f in fields(EngineConfig)})
+        if unknown:
+            error = RunnerProtocolError(f"runner protocol: unknown load settings {unknown}")
+            self.send(p.LoadError.of(error))
+            return
+        cfg = dict(config)
         for key in ("model_path", "draft_path", "state_dir"):
             if cfg.get(key):
                 cfg[key] = Path(cfg[key])
@@ -152,50 +175,51 @@ class Runner:
         try:
             self.engine = Engine(EngineConfig(**cfg))
         except ModelhubError as exc:
-            self.send({"event": "load_error", "message": exc.message, "kind": exc.kind.label})
+            self.send(p.LoadError.of(exc))
             return
         except Exception as exc:
-            self.send({"event": "load_error", "message": f"{type(exc).__name__}: {exc}"})
+            self.send(p.LoadError(message=f"{type(exc).__name__}: {exc}"))
             return
+        engine = self.engine
         self.send(
-            {
-                "event": "loaded",
-                "pid": os.getpid(),
-                "n_ctx": self.engine.n_ctx,
-                "rss": _rss_bytes(),
-                "repack": self.engine.repack.enabled,
-                "repack_reason": self.engine.repack.reason,
-                "n_parallel": self.engine.n_parallel,
-                "kv_cache_type": self.engine.kv_cache_type,
-                "placement": self.engine.placement.as_json(),
-                "offload": self.engine.offload.reason,
-                "devices": [d.label for d in self.engine.offload.devices],
-                "draft_devices": [d.label for d in self.engine.offload.draft_devices],
-                "drafters": [src.name for src in self.engine.sources],
-                "default_drafters": self.engine.default_drafters,
-            }
+            p.Loaded(
+                pid=os.getpid(),
+                n_ctx=engine.n_ctx,
+                rss=_rss_bytes(),
+                repack=engine.repack.enabled,
+                repack_reason=engine.repack.reason,
+                n_parallel=engine.n_parallel,
+                kv_cache_type=engine.kv_cache_type,
+                placement=engine.placement.as_json(),
+                offload=engine.offload.reason,
+                devices=[d.label for d in engine.offload.devices],
+                draft_devices=[d.label for d in engine.offload.draft_devices],
+                drafters=[src.name for src in engine.sources],
+                default_drafters=engine.default_drafters,
+            )
         )
 
     # -- worker thread ------------------------------------------------------------------
     def _work(self) -> None:
         while (msg := self.jobs.get()) is not _STOP:
-            rid = str(msg.get("id"))
+            assert isinstance(msg, p.Job)
+            rid = msg.id
             with self.cancel_lock:
                 cancel = self.cancels.get(rid) or threading.Event()
             finished = True
             write_mark("begin", rid)
             try:
                 if cancel.is_set():
-                    self._send_error(rid, "request canceled", ErrorKind.CANCELLED.label)
-                elif self.engine is None:
-                    self.send({"id": rid, "event": "error", "message": "no model loaded"})
+                    raise RequestCancelledError("request canceled")
+                if self.engine is None:
+                    self.send(p.ErrorEvent(id=rid, message="no model loaded"))
                 else:
                     finished = self._dispatch(rid, msg, cancel)
             except ModelhubError as exc:
-                self._send_error(rid, exc.message, exc.kind.label)
+                self._send_error(rid, exc)
             except Exception as exc:
                 traceback.print_exc(file=sys.stderr)
-                self._send_error(rid, f"{type(exc).__name__}: {exc}")
+                self._send_error(rid, exc)
             finally:
                 if finished:
                     self._forget(rid)
@@ -208,39 +232,32 @@ class Runner:
             self.cancels.pop(rid, None)
         write_mark("end", rid)
 
-    def _send_error(self, rid: str, message: str, kind: str | None = None) -> None:
-        event: dict[str, Any] = {"id": rid, "event": "error", "message": message}
-        if kind is not None:
-            event["kind"] = kind
-        self.send(event)
+    def _send_error(self, rid: str, error: BaseException) -> None:
+        """``error`` as the request's final event: one of ours keeps its class and kind."""
+        if isinstance(error, ModelhubError):
+            self.send(p.ErrorEvent.of(error, id=rid))
+        else:
+            self.send(p.ErrorEvent(id=rid, message=f"{type(error).__name__}: {error}"))
 
-    def _dispatch(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> bool:
+    def _dispatch(self, rid: str, req: p.Job, cancel: threading.Event) -> bool:
         """Serve one request; False when it goes on in the engine's batch (generate)."""
-        op = msg.get("op")
         engine = self.engine
-        if op == "generate":
-            self._generate(rid, msg, cancel)
+        if isinstance(req, p.Generate):
+            self._generate(rid, req, cancel)
             return False
-        if op == "embed":
-            self._embed(rid, [str(t) for t in msg.get("texts") or []], cancel)
-        elif op == "drafting":
-            report = engine.drafting_report()
-            self.send({"id": rid, "event": "drafting", "report": report})
-        elif op == "tokenize":
-            tokens = engine.tokenize(
-                str(msg.get("text", "")), add_special=bool(msg.get("add_special", True))
-            )
-            self.send({"id": rid, "event": "tokens", "tokens": tokens})
-        elif op == "count":
+        if isinstance(req, p.Embed):
+            self._embed(rid, req.texts, cancel)
+        elif isinstance(req, p.Drafting):
+            self.send(p.DraftingReport(id=rid, report=engine.drafting_report()))
+        elif isinstance(req, p.Tokenize):
+            tokens = engine.tokenize(req.text, add_special=req.add_special)
+            self.send(p.Tokens(id=rid, tokens=tokens))
+        elif isinstance(req, p.Count):
             from modelhub.engine.vision import count_tokens
 
-            special = bool(msg.get("add_special", True))
-            counts = [
-                count_tokens(engine, str(t), msg, special, cancel) for t in msg.get("texts") or []
-            ]
-            self.send({"id": rid, "event": "counts", "counts": counts})
-        else:
-            self._send_error(rid, f"unknown op {op!r}", ErrorKind.INVALID.label)
+            msg, special = req.wire(), req.add_special
+            counts = [count_tokens(engine, t, msg, special, cancel) for t in req.texts]
+            self.send(p.Counts(id=rid, counts=counts))
         return True
 
     def _embed(self, rid: str, texts: list[str], cancel: threading.Event) -> None:
@@ -262,52 +279,49 @@ class Runner:
             piece.extend(engine.embed(group))
             group, group_tokens = [], 0
             if len(piece) * len(piece[0]) >= EMBED_PIECE_FLOATS:
-                self.send({"id": rid, "event": "vectors", "embeddings": piece})
+                self.send(p.Vectors(id=rid, embeddings=piece))
                 piece = []
-        final = {"id": rid, "event": "embeddings", "embeddings": piece, "prompt_eval_count": count}
-        self.send(final)
+        self.send(p.Embeddings(id=rid, embeddings=piece, prompt_eval_count=count))
 
-    def _generate(self, rid: str, msg: dict[str, Any], cancel: threading.Event) -> None:
+    def _generate(self, rid: str, req: p.Generate, cancel: threading.Event) -> None:
         from modelhub.engine.generate import GenerateOptions, GenerateResult, TokenEvent
 
         engine = self.engine
-        context = [int(t) for t in msg.get("context") or []]
-        prompt = str(msg.get("prompt") or "")
+        context = list(req.context or [])
+        prompt = req.prompt
         engine.check_prompt_size(prompt, len(context))
         images = None
-        if msg.get("images"):  # the prompt's image markers and their pixels (``vision``)
+        if req.images:  # the prompt's image markers and their pixels (``vision``)
             from modelhub.engine.vision import prompt_with_images
 
-            tokens, images = prompt_with_images(engine, prompt, context, msg, cancel)
+            tokens, images = prompt_with_images(engine, prompt, context, req.wire(), cancel)
         else:
             tokens = context + engine.tokenize(prompt, add_special=not context, cancel=cancel)
-        known = {f.name for f in fields(GenerateOptions)} - {"acceptance_rule"}
-        given = {k: v for k, v in (msg.get("options") or {}).items() if k in known}
-        if msg.get("grammar"):  # GBNF, converted from ``format`` by the daemon at the door
-            given["grammar"] = str(msg["grammar"])
+        given = req.options.given()
+        if req.grammar:  # GBNF, converted from ``format`` by the daemon at the door
+            given["grammar"] = req.grammar
         opts = GenerateOptions(**given)
-        prediction = msg.get("prediction")
+        prediction = req.prediction
         predicted = engine.tokenize(prediction, add_special=False) if prediction else None
-        self.send({"id": rid, "event": "prompt", "prompt_tokens": len(tokens)})
+        self.send(p.Prompt(id=rid, prompt_tokens=len(tokens)))
 
         def on_token(ev: TokenEvent) -> None:
             if ev.text or ev.logprob is not None:
-                event = {"id": rid, "event": "token", "text": ev.text, "drafted": ev.drafted}
+                logprob: dict[str, Any] = {}
                 if ev.logprob is not None:
-                    event["logprob"] = _logprob_entry(engine, ev.logprob)
-                self.send(event)
+                    logprob["logprob"] = _logprob_entry(engine, ev.logprob)
+                self.send(p.Token(id=rid, text=ev.text, drafted=ev.drafted, **logprob))
 
         def on_done(result: GenerateResult | None, error: BaseException | None) -> None:
             try:
-                if isinstance(error, ModelhubError):
-                    self._send_error(rid, error.message, error.kind.label)
-                elif error is not None:
-                    print(f"request {rid} failed: {error!r}", file=sys.stderr)
-                    self._send_error(rid, f"{type(error).__name__}: {error}")
+                if error is not None:
+                    if not isinstance(error, ModelhubError):
+                        print(f"request {rid} failed: {error!r}", file=sys.stderr)
+                    self._send_error(rid, error)
                 elif result is not None:
                     payload = {k: v for k, v in asdict(result).items() if k != "tokens"}
                     payload["context"] = tokens + list(result.tokens)
-                    self.send({"id": rid, "event": "done", "result": payload})
+                    self.send(p.Done(id=rid, result=payload))
             finally:
                 self._forget(rid)
 

@@ -7,8 +7,14 @@ starts a fresh one for the next request. Two failures end a runner that is still
 - silence: a runner sends a heartbeat every second or so (``engine.liveness``); one that has
   said nothing for ``silence_limit`` seconds (stopped, deadlocked, starved by swapping) is
   killed;
-- a protocol error: a line longer than ``line_limit`` bytes, or anything else the reader cannot
-  take, kills the runner instead of leaving its requests waiting for lines never read.
+- a protocol error: a line longer than ``line_limit`` bytes, a message that is not one of
+  ``engine.protocol``'s, or anything else the reader cannot take, kills the runner instead of
+  leaving its requests waiting for lines never read.
+
+Requests go out through ``engine.protocol`` too: one the runner would not understand whole (a
+field it does not know) is a ``RunnerProtocolError`` here, before it is sent. An ``error``
+event keeps the class of the error the runner raised (``ErrorEvent.exception``); a runner's
+death is a ``RunnerCrashedError`` for each request it was serving.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import signal
@@ -24,16 +29,16 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+from modelhub.engine import protocol as p
 from modelhub.engine.cpu import REINSTALL_HINT
-from modelhub.engine.liveness import ALIVE_EVENT, LOAD_MARK, heartbeat_interval
-from modelhub.errors import ErrorKind, ModelhubError, RunnerCrashedError, error_for_kind
+from modelhub.engine.liveness import LOAD_MARK, heartbeat_interval
+from modelhub.errors import ModelhubError, RunnerCrashedError, RunnerProtocolError
 from modelhub.runtime.runner_log import RunnerLog
 
 log = logging.getLogger("modelhub.runner")
 
 _ids = itertools.count(1)
-# The events that end a request (see the protocol in engine/runner.py).
-FINAL_EVENTS = frozenset({"done", "error", "embeddings", "tokens", "counts", "drafting"})
+FINAL_EVENTS = p.FINAL_EVENTS  # the events that end a request
 LINE_LIMIT = 64 * 1024 * 1024  # the longest line read from a runner
 # Before its first heartbeat a runner is starting Python: slow on a busy machine.
 START_ALLOWANCE = 30.0
@@ -105,7 +110,7 @@ class RunnerProcess:
         self.stderr_task = asyncio.create_task(self._read_stderr())
         if silence_limit > 0:
             self.watchdog = asyncio.create_task(self._watch(silence_limit))
-        await self._send({"op": "load", "config": config})
+        await self._send(p.Load(config=config))
         try:
             self.info = await asyncio.wait_for(asyncio.shield(self.loaded), timeout)
         except TimeoutError:
@@ -114,10 +119,12 @@ class RunnerProcess:
             ) from None
         return self.info
 
-    async def _send(self, msg: dict[str, Any]) -> None:
+    async def _send(self, msg: dict[str, Any] | p.Message) -> None:
+        """Send one request (a dict is checked against the protocol first)."""
+        line = (msg if isinstance(msg, p.Message) else p.decode_request(msg)).encode()
         if self.dead or self.proc is None or self.proc.stdin is None:
             raise RunnerCrashedError(self._death_message())
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8")
+        data = (line + "\n").encode("utf-8")
         try:
             self.proc.stdin.write(data)
             await self.proc.stdin.drain()
@@ -143,18 +150,16 @@ class RunnerProcess:
         try:
             async for raw in self.proc.stdout:
                 self.heard = loop.time()
-                try:
-                    msg = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(msg, dict):
-                    self._take(msg)
+                self._take(p.decode_event(raw))
         except Exception as exc:  # a line over the limit (ValueError), or a bug: never wedge
             if isinstance(exc, ValueError) and "limit" in str(exc):
                 why = (
                     f"sent a reply line longer than the {self.line_limit} bytes the daemon "
                     "reads from a runner (a protocol error)"
                 )
+            elif isinstance(exc, RunnerProtocolError):
+                log.error("the runner for %s broke the protocol: %s", self.label, exc)
+                why = f"sent what the daemon could not read ({exc.message})"
             else:
                 log.exception("reading from the runner for %s failed", self.label)
                 why = f"sent what the daemon could not read ({type(exc).__name__}: {exc})"
@@ -162,25 +167,19 @@ class RunnerProcess:
         finally:
             await self._ended()
 
-    def _take(self, msg: dict[str, Any]) -> None:
-        event = msg.get("event")
-        if event == ALIVE_EVENT:
+    def _take(self, event: p.Event) -> None:
+        if isinstance(event, p.Alive):
             return
-        if event in ("loaded", "load_error"):
+        if isinstance(event, p.Loaded | p.LoadError):
             if self.loaded is not None and not self.loaded.done():
-                if event == "loaded":
-                    self.loaded.set_result(msg)
+                if isinstance(event, p.Loaded):
+                    self.loaded.set_result(event.wire())
                 else:
-                    self.loaded.set_exception(
-                        error_for_kind(
-                            ErrorKind.named(str(msg.get("kind"))),
-                            f"loading {self.label} failed: {msg.get('message')}",
-                        )
-                    )
+                    self.loaded.set_exception(event.exception(f"loading {self.label} failed: "))
             return
-        q = self.pending.get(str(msg.get("id")))
+        q = self.pending.get(event.id)
         if q is not None:
-            q.put_nowait(msg)
+            q.put_nowait(event.wire())
 
     async def _ended(self) -> None:
         """The runner's stdout is closed, or the reader gave up (and killed it): once it has
@@ -201,7 +200,7 @@ class RunnerProcess:
         message = self._death_message()
         if self.loaded is not None and not self.loaded.done():
             self.loaded.set_exception(RunnerCrashedError(message))
-        err = {"event": "error", "message": message, "kind": "internal"}
+        err = p.ErrorEvent.of(RunnerCrashedError(message)).wire()
         for q in self.pending.values():
             q.put_nowait(err)
 
@@ -260,11 +259,12 @@ class RunnerProcess:
     async def request(self, msg: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Send one request and yield its events until the final one."""
         rid = f"r{next(_ids)}"
+        request = p.decode_request({**msg, "id": rid})  # refused here, before it is pending
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.pending[rid] = q
         finished = False
         try:
-            await self._send({**msg, "id": rid})
+            await self._send(request)
             while True:
                 event = await q.get()
                 kind = event.get("event")
@@ -277,7 +277,7 @@ class RunnerProcess:
             if not finished and not self.dead:
                 # The caller went away (client disconnect): stop the work at the next step.
                 with contextlib.suppress(ModelhubError):
-                    await self._send({"op": "cancel", "id": rid})
+                    await self._send(p.Cancel(id=rid))
                 # The runner still answers this id; wait for it (bounded) so that the next
                 # request does not start while this one is running.
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -288,7 +288,7 @@ class RunnerProcess:
         if self.proc is None or self.dead:
             return
         with contextlib.suppress(ModelhubError):
-            await self._send({"op": "shutdown"})
+            await self._send(p.Shutdown())
         try:
             await asyncio.wait_for(self.proc.wait(), 10)
         except TimeoutError:

@@ -38,6 +38,7 @@ from modelhub.config import DEFAULT_RUNNER_TIMEOUT
 from modelhub.errors import InsufficientMemoryError, RunnerCrashedError, ServerBusyError
 from modelhub.runtime.loadspec import DraftTally, LoadSpec, thaw
 from modelhub.runtime.memory import MemoryEstimate, available_bytes, gib
+from modelhub.runtime.runner_handle import RunnerHandle
 from modelhub.runtime.runner_process import RunnerProcess
 
 log = logging.getLogger("modelhub.runtime.scheduler")
@@ -49,7 +50,7 @@ AUTO_PARALLEL = 4  # sequences per runner when memory allows and nothing says ot
 @dataclass
 class Loaded:
     spec: LoadSpec
-    process: RunnerProcess
+    process: RunnerHandle
     keep_alive: float
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
@@ -88,10 +89,10 @@ class Scheduler:
         rpc_servers: tuple[str, ...] = (),
         runner_timeout: float = DEFAULT_RUNNER_TIMEOUT,
         accelerator_probe: Callable[[], Awaitable[bool]] | None = None,
-        runner_factory: Callable[[str], RunnerProcess] = RunnerProcess,
+        runner_factory: Callable[[str], RunnerHandle] = RunnerProcess,
     ) -> None:
         """``runner_factory(label)`` makes the handle of a runner before it starts (tests use
-        it to watch the processes a scheduler starts)."""
+        it to watch the processes a scheduler starts, or to give it fake runners)."""
         self.runner_factory = runner_factory
         self.max_loaded = max_loaded
         self.repack = repack  # for every runner: None lets each decide for its machine

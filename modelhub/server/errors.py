@@ -6,6 +6,10 @@ gives the status (``ErrorKind.status``) and the body: Ollama's ``{"error": "..."
 on ``/v1/*``, Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on
 ``/v1/messages*`` (a busy daemon is its 529 ``overloaded_error``); in a stream that has
 started, the same body is the last NDJSON line or SSE event.
+The error's class and kind travel beside its body, so that a client can raise the same class
+(``modelhub.client``, ``errors.rebuilt_error``): as the headers ``X-Modelhub-Error-Class`` and
+``X-Modelhub-Error-Kind`` of an error answer, and as ``error_class`` and ``error_kind`` in the
+last line of an Ollama stream (an answer whose status was already 200).
 Anything that is not a ``ModelhubError`` is a bug: it is logged with its traceback and answered
 as an internal error.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from modelhub.errors import ErrorKind, ModelhubError, ResponseNotFoundError
+from modelhub.errors import ErrorKind, ModelhubError, ResponseNotFoundError, error_name
 from modelhub.server.jsonbody import JSONResponse
 
 log = logging.getLogger("modelhub.server")
@@ -57,9 +61,23 @@ def error_body(exc: BaseException, api: Api) -> dict[str, Any]:
     }
 
 
+def stream_error_body(exc: BaseException, api: Api) -> dict[str, Any]:
+    """The last line of a stream that failed: ``error_body``, and on Ollama's routes the
+    error's class and kind (the stream's status said 200)."""
+    error = as_error(exc)
+    body = error_body(error, api)
+    if api == "ollama":
+        body.update(error_class=error_name(error), error_kind=error.kind.label)
+    return body
+
+
 def error_response(exc: BaseException, api: Api) -> JSONResponse:
     error = as_error(exc)
-    return JSONResponse(error_body(error, api), status_code=status_of(error, api))
+    headers = {CLASS_HEADER: error_name(error), KIND_HEADER: error.kind.label}
+    return JSONResponse(error_body(error, api), status_code=status_of(error, api), headers=headers)
+
+
+CLASS_HEADER, KIND_HEADER = "X-Modelhub-Error-Class", "X-Modelhub-Error-Kind"
 
 
 def status_of(error: ModelhubError, api: Api) -> int:

@@ -17,10 +17,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from modelhub.errors import ErrorKind, ModelhubError, RequestCancelledError, error_for_kind
+from modelhub.engine.protocol import raise_if_error
+from modelhub.errors import ModelhubError, RequestCancelledError
 from modelhub.runtime.planning import Plan
 from modelhub.runtime.scheduler import Loaded
-from modelhub.server.errors import error_body, error_response
+from modelhub.server.errors import error_response, stream_error_body
 from modelhub.server.jsonbody import JSONResponse, line
 from modelhub.server.prompts import check_prompt_fits
 from modelhub.server.state import ServerState
@@ -55,10 +56,8 @@ async def run_on_runner(
             count = runner_counter(loaded, fit.count_fields())
             msg = {**msg, "prompt": await fit(count, context_size(loaded))}
         async for event in loaded.process.request(msg):
+            raise_if_error(event)  # the class the runner raised
             kind_of = event.get("event")
-            if kind_of == "error":
-                kind = ErrorKind.named(str(event.get("kind")))
-                raise error_for_kind(kind, str(event.get("message")))
             if kind_of == "token":
                 loaded.drafting.add_token(bool(event.get("drafted")))
             elif kind_of == "done":
@@ -85,9 +84,7 @@ def runner_counter(loaded: Loaded, extra: dict[str, Any] | None = None) -> Count
         msg = {"op": "count", "texts": texts, "add_special": add_special, **(extra or {})}
         counts: list[int] | None = None
         async for event in loaded.process.request(msg):  # ends after its final event
-            if event.get("event") == "error":
-                kind = ErrorKind.named(str(event.get("kind")))
-                raise error_for_kind(kind, str(event.get("message")))
+            raise_if_error(event)
             if event.get("event") == "counts":
                 counts = [int(n) for n in event["counts"]]
         if counts is None or len(counts) != len(texts):
@@ -197,7 +194,7 @@ async def respond(
                 if shaped is not None:
                     yield ndjson(shaped)
         except ModelhubError as exc:
-            yield ndjson(error_body(exc, "ollama"))
+            yield ndjson(stream_error_body(exc, "ollama"))
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
 
-from modelhub.server.errors import as_error, error_body, error_response
+from modelhub.server.errors import as_error, error_response, stream_error_body
 from modelhub.server.jsonbody import JSONResponse, line
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None =
         try:
             while item is not _DONE:
                 if isinstance(item, BaseException):
-                    yield _line(error_body(item, "ollama"))
+                    yield _line(stream_error_body(item, "ollama"))
                 else:
                     yield _line(item)
                 item = await queue.get()

@@ -1,0 +1,39 @@
+"""What the scheduler needs of a runner: the interface that ``RunnerProcess`` (a real runner
+subprocess) and the tests' fake runner (``tests/fakes/runner.py``, in-process, no llama.cpp)
+both implement.
+
+A handle is made by the scheduler's ``runner_factory(label)``, started once with the load
+config (``engine.protocol.Load``'s), then serves requests until it is closed or dies. Requests
+and events are the dicts of ``engine.protocol``'s messages: ``request`` checks a request
+against the protocol before it goes out and yields its events up to the final one (an
+``error`` event carries its class: ``engine.protocol.raise_if_error``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+
+class RunnerHandle(Protocol):
+    label: str
+    dead: bool  # the runner ended (crashed, killed, closed): the scheduler starts another
+
+    @property
+    def pid(self) -> int | None:
+        """The runner's process (None before it starts; the daemon's own for a fake)."""
+
+    @property
+    def illegal_instruction(self) -> bool:
+        """It died of SIGILL (``engine.cpu``'s repacking fault: load again without it)."""
+
+    async def start(
+        self, config: dict[str, Any], timeout: float = 300, *, silence_limit: float = 0
+    ) -> dict[str, Any]:
+        """Load; the ``loaded`` event's fields, or the load's error (nothing left running)."""
+
+    def request(self, msg: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Send one request and yield its events until the final one."""
+
+    async def close(self) -> None:
+        """Shut the runner down (a dead one: nothing to do)."""

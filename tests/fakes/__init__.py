@@ -1,0 +1,1 @@
+"""Test doubles behind the project's real seams (the scheduler's runner factory)."""

@@ -1,0 +1,79 @@
+"""The daemon's app in-process over fake runners: routes, scheduler, errors and the client
+exactly as served, with no socket, no runner process and no llama.cpp.
+
+``FakeDaemon`` holds a Starlette ``TestClient`` over ``build_asgi`` (the Host/Origin guard
+included), the public ``Client`` over it (``Client(http=...)``) and the :class:`FakeRunners`
+the scheduler makes its runners with. Models are created through the API from the synthetic
+tiny GGUF (real metadata and vocabulary, a few KB): the daemon plans them as it would any
+model; only the runner is fake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from modelhub.client import Client
+from modelhub.config import Settings
+from modelhub.server.app import build_asgi
+from modelhub.server.state import ServerState
+from modelhub.store import sha256_file
+from tests.fakes.runner import FakeRunners, Script
+from tests.fixtures.synthetic import write_tiny_llama
+
+BASE_URL = "http://127.0.0.1:11435"
+
+
+@dataclass
+class FakeDaemon:
+    http: TestClient
+    client: Client
+    runners: FakeRunners
+    state: ServerState
+    tmp: Path
+
+    @property
+    def script(self) -> Script:
+        return self.runners.script
+
+    def add_model(self, name: str = "tiny", **create: Any) -> str:
+        """Create ``name`` from the tiny synthetic GGUF (``create``: more of /api/create's
+        fields, e.g. ``parameters``); its name."""
+        model = self.tmp / "tiny.gguf"
+        if not model.exists():
+            write_tiny_llama(model)
+        digest, _ = sha256_file(model)
+        if not self.client.blob_exists(digest):
+            self.client.push_blob(digest, model)
+        body = {"model": name, "files": {"tiny.gguf": digest}, **create}
+        statuses = [s.get("status") for s in self.client.create(body)]
+        assert statuses[-1] == "success", statuses
+        return name
+
+
+@contextlib.contextmanager
+def fake_daemon(
+    tmp: Path, script: Script | None = None, env: dict[str, str] | None = None
+) -> Iterator[FakeDaemon]:
+    """The app over fake runners with a store under ``tmp``; ``env``: more settings."""
+    settings = Settings.from_env(
+        {
+            "MODELHUB_HOST": "127.0.0.1:11435",
+            "MODELHUB_MODELS": str(tmp / "models"),
+            "MODELHUB_NUM_GPU": "0",  # no accelerator probe (a child process)
+            **(env or {}),
+        }
+    )
+    state = ServerState.from_settings(settings)
+    runners = FakeRunners(script)
+    state.scheduler.runner_factory = runners
+    with (
+        TestClient(build_asgi(settings, state), base_url=BASE_URL) as http,
+        Client(http=http) as client,
+    ):
+        yield FakeDaemon(http, client, runners, state, tmp)
