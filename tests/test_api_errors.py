@@ -1,6 +1,7 @@
 """One error path: the same mistake gets the same status and message on every endpoint of both
 API families (Ollama's body on /api, OpenAI's on /v1), and the CLI's exit codes say what
-kind of failure it was. Real daemon on loopback, real HTTP."""
+kind of failure it was. The routes' answers in-process (the app over fake runners: no runner
+is reached); the CLI's exit codes through a real daemon on loopback."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
 import httpx
@@ -27,6 +29,16 @@ from modelhub.errors import (
     ServerBusyError,
     error_for_status,
 )
+from tests.fakes.daemon import BASE_URL, FakeDaemon, fake_daemon
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDaemon]:
+    """The daemon's app in-process with an empty store (no model: every request below is
+    answered before a runner would be)."""
+    with fake_daemon(tmp_path_factory.mktemp("errors")) as d:
+        yield d
+
 
 OLLAMA_MODEL_ROUTES = [
     ("POST", "/api/generate"),
@@ -75,11 +87,11 @@ def send(c: httpx.Client, method: str, path: str, **kw: object) -> httpx.Respons
 
 
 @pytest.mark.parametrize(("method", "path"), OLLAMA_MODEL_ROUTES + OPENAI_MODEL_ROUTES)
-def test_malformed_json_is_the_same_400_everywhere(daemon: Daemon, method: str, path: str) -> None:
-    with daemon.client() as c:
-        r = send(c, method, path, content=b'{"model": "x",', headers={"content-type": "json"})
-        empty = send(c, method, path, content=b"")
-        listed = send(c, method, path, json=["not", "an", "object"])
+def test_malformed_json_is_the_same_400_everywhere(app: FakeDaemon, method: str, path: str) -> None:
+    c = app.http
+    r = send(c, method, path, content=b'{"model": "x",', headers={"content-type": "json"})
+    empty = send(c, method, path, content=b"")
+    listed = send(c, method, path, json=["not", "an", "object"])
     assert r.status_code == 400
     assert message(path, r).startswith("invalid JSON in request body: ")
     assert (empty.status_code, message(path, empty)) == (400, "missing request body")
@@ -91,14 +103,14 @@ def test_malformed_json_is_the_same_400_everywhere(daemon: Daemon, method: str, 
 
 @pytest.mark.parametrize(("method", "path"), OLLAMA_MODEL_ROUTES + OPENAI_MODEL_ROUTES)
 def test_a_missing_or_padded_model_is_the_same_400_everywhere(
-    daemon: Daemon, method: str, path: str
+    app: FakeDaemon, method: str, path: str
 ) -> None:
     body = BODIES.get(path, {})
-    with daemon.client() as c:
-        missing = send(c, method, path, json=body)
-        empty = send(c, method, path, json={**body, "model": ""})
-        padded = send(c, method, path, json={**body, "model": " smol"})
-        wrong_type = send(c, method, path, json={**body, "model": 7})
+    c = app.http
+    missing = send(c, method, path, json=body)
+    empty = send(c, method, path, json={**body, "model": ""})
+    padded = send(c, method, path, json={**body, "model": " smol"})
+    wrong_type = send(c, method, path, json={**body, "model": 7})
     for r in (missing, empty):
         assert (r.status_code, message(path, r)) == (400, "model is required")
     assert padded.status_code == 400
@@ -109,19 +121,21 @@ def test_a_missing_or_padded_model_is_the_same_400_everywhere(
 
 @pytest.mark.parametrize(("method", "path"), LOOKUP_ROUTES + OPENAI_MODEL_ROUTES)
 def test_an_unknown_model_is_the_same_404_everywhere(
-    daemon: Daemon, method: str, path: str
+    app: FakeDaemon, method: str, path: str
 ) -> None:
-    with daemon.client() as c:
-        r = send(c, method, path, json={**BODIES.get(path, {}), "model": "nothere"})
-        bad = send(c, method, path, json={**BODIES.get(path, {}), "model": "a/b/c/d/e"})
+    c = app.http
+    r = send(c, method, path, json={**BODIES.get(path, {}), "model": "nothere"})
+    bad = send(c, method, path, json={**BODIES.get(path, {}), "model": "a/b/c/d/e"})
     assert (r.status_code, message(path, r)) == (404, "model 'nothere' not found")
     if path.startswith("/v1/"):
         assert r.json()["error"]["code"] == "model_not_found"
     assert bad.status_code == 400 and message(path, bad).startswith("invalid model name: ")
 
 
-def test_openai_client_and_model_route_agree(daemon: Daemon) -> None:
-    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+def test_openai_client_and_model_route_agree(app: FakeDaemon) -> None:
+    client = openai.OpenAI(
+        base_url=BASE_URL + "/v1", api_key="unused", max_retries=0, http_client=app.http
+    )
     with pytest.raises(openai.NotFoundError) as caught:
         client.models.retrieve("nothere")
     assert caught.value.status_code == 404
