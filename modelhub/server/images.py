@@ -57,7 +57,6 @@ class RequestImages:
             "images": {str(i): p for i, p in enumerate(self.pixels)},
         }
 
-
     def count_fields(self) -> dict[str, Any]:
         """What the runner's ``count`` op takes to count each marker as its image's positions
         (the projector's tokens for an image of that size): nothing when there is no image."""
@@ -207,16 +206,22 @@ def openai_images(content: Any, where: str) -> list[str]:
     for j, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") != "image_url":
             continue
-        value = part.get("image_url")
-        url = value.get("url") if isinstance(value, dict) else value
-        if not isinstance(url, str):
-            raise InputError(f"{where}.content[{j}].image_url must have a url string")
-        if url.startswith(("http://", "https://")):
-            raise InputError(
-                f"{where}.content[{j}]: remote image URLs are not fetched; send the image "
-                "as a data: URL (data:image/png;base64,...)"
-            )
-        if not url.startswith("data:"):
-            raise InputError(f"{where}.content[{j}]: the image URL must be a data: URL")
-        out.append(url.partition(",")[2])
+        out.append(image_url_data(part.get("image_url"), f"{where}.content[{j}]"))
     return out
+
+
+def image_url_data(value: Any, where: str) -> str:
+    """The base64 data of an OpenAI image URL (``image_url`` of a chat part, a string or an
+    ``{"url": ...}`` object; ``image_url`` of a Responses ``input_image``): a data: URL only,
+    remote URLs refused."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str):
+        raise InputError(f"{where}.image_url must have a url string")
+    if url.startswith(("http://", "https://")):
+        raise InputError(
+            f"{where}: remote image URLs are not fetched; send the image "
+            "as a data: URL (data:image/png;base64,...)"
+        )
+    if not url.startswith("data:"):
+        raise InputError(f"{where}: the image URL must be a data: URL")
+    return url.partition(",")[2]

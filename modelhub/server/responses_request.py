@@ -2,10 +2,11 @@
 
 ``input`` (text or items) becomes items with ids (what ``input_items`` lists and a stored
 response keeps); the conversation a request continues (``previous_response_id``) comes first;
-the items become chat messages: ``message`` items, ``function_call`` items as an assistant turn's
-``tool_calls`` (parallel calls in one turn), ``function_call_output`` as ``tool`` messages, and
-``reasoning`` items as the ``thinking`` of the assistant turn that follows them (the template
-decides whether to show it again). ``instructions``, ``tools`` and the sampling fields belong to
+the items become chat messages: ``message`` items (``input_image`` parts as the chat's
+``image_url`` parts, which ``server.images`` turns into the message's ``images``),
+``function_call`` items as an assistant turn's ``tool_calls`` (parallel calls in one turn),
+``function_call_output`` as ``tool`` messages, and ``reasoning`` items as the ``thinking`` of
+the assistant turn that follows them (the template decides whether to show it again). ``instructions``, ``tools`` and the sampling fields belong to
 the request alone: a continued conversation does not inherit them, as OpenAI's API.
 """
 
@@ -16,6 +17,7 @@ import secrets
 from typing import Any
 
 from modelhub.errors import InputError
+from modelhub.server.images import image_url_data
 
 _PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
 TRUNCATION = ("disabled", "auto")
@@ -140,7 +142,7 @@ def _add_item(
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise InputError(f"{where}.role must be user, assistant, system or developer")
-        message = {"role": role, "content": _text(item.get("content"), where)}
+        message = {"role": role, "content": _content(item.get("content"), where)}
         if role == "assistant" and thinking:
             message["reasoning_content"] = "".join(thinking)
             thinking.clear()
@@ -187,22 +189,41 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     return ""
 
 
-def _text(content: Any, where: str) -> str:
+def _content(content: Any, where: str) -> Any:
+    """A message item's content as chat-completions content: its text, or, with
+    ``input_image`` parts, text and ``image_url`` parts (``server.images`` reads those into
+    the message's ``images``, as on /v1/chat/completions)."""
     if isinstance(content, str):
         return content
-    parts = []
-    for part in _list(content, f"{where}.content"):
-        if not isinstance(part, dict) or part.get("type") not in (
-            "input_text",
-            "output_text",
-            "text",
-        ):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    for j, part in enumerate(_list(content, f"{where}.content")):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind in ("input_text", "output_text", "text"):
+            texts.append(str(part.get("text", "")))
+        elif kind == "input_image":
+            images.append(_image(part, f"{where}.content[{j}]"))
+        else:
             raise InputError(
-                f"{where}: content parts of type {kind!r} are not supported (text only)"
+                f"{where}: content parts of type {kind!r} are not supported "
+                "(input_text and input_image)"
             )
-        parts.append(str(part.get("text", "")))
-    return "".join(parts)
+    if not images:
+        return "".join(texts)
+    return [{"type": "text", "text": "".join(texts)}, *images]
+
+
+def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``input_image`` part as a chat ``image_url`` part: a data: URL (checked here, so
+    that errors name the input item); a ``file_id`` is refused (there is no Files API)."""
+    if part.get("file_id") is not None and part.get("image_url") is None:
+        raise InputError(
+            f"{where}: input_image with a file_id is not supported (this server has no Files "
+            'API); send the image inline: {"type": "input_image", "image_url": '
+            '"data:image/png;base64,..."}'
+        )
+    data = image_url_data(part.get("image_url"), where)
+    return {"type": "image_url", "image_url": {"url": f"data:;base64,{data}"}}
 
 
 def _tool(tool: Any, index: int) -> dict[str, Any]:
