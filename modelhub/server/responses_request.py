@@ -6,8 +6,9 @@ the items become chat messages: ``message`` items (``input_image`` parts as the 
 ``image_url`` parts, which ``server.images`` turns into the message's ``images``),
 ``function_call`` items as an assistant turn's ``tool_calls`` (parallel calls in one turn),
 ``function_call_output`` as ``tool`` messages, and ``reasoning`` items as the ``thinking`` of
-the assistant turn that follows them (the template decides whether to show it again). ``instructions``, ``tools`` and the sampling fields belong to
-the request alone: a continued conversation does not inherit them, as OpenAI's API.
+the assistant turn that follows them (the template decides whether to show it again).
+``instructions``, ``tools`` and the sampling fields belong to the request alone: a continued
+conversation does not inherit them, as OpenAI's API.
 """
 
 from __future__ import annotations
