@@ -60,6 +60,7 @@ from modelhub.engine.speculative.factory import (
 from modelhub.engine.speculative.ngram import NgramPool
 from modelhub.engine.textstream import Committer
 from modelhub.engine.vision import IMAGES_WITH_OBSERVERS, ImageSpan, Projector, open_projector
+from modelhub.engine.vision_drafting import follows_images
 from modelhub.errors import InputError
 
 __all__ = [
@@ -283,7 +284,7 @@ class Engine:
         ``on_done(None, error)`` is called from the batch thread when it ends. A prompt that
         cannot be served raises here."""
         self._check_prompt(prompt_tokens)
-        if images and self.slots[0].observers():
+        if images and not follows_images(self.slots[0].observers()):
             raise InputError(IMAGES_WITH_OBSERVERS)
         options = bounded_num_predict(options, self.n_ctx)
         constraint = GrammarConstraint(self.model, options.grammar) if options.grammar else None

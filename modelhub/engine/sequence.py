@@ -33,6 +33,7 @@ from modelhub.engine.speculative.draft_model import common_prefix
 from modelhub.engine.speculative.factory import TargetObserver
 from modelhub.engine.textstream import Committer
 from modelhub.engine.vision import ImageSpan, keep_spans, prefill_images, reusable
+from modelhub.engine.vision_drafting import settle_reuse
 from modelhub.errors import ModelhubError
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class Generation:
         for observer, position in followed:
             if reuse < position:  # the target went back further (a checkpoint, another observer)
                 observer.rollback(reuse)
+        reuse = settle_reuse(engine.rollback, slot, slot.images, self.images, reuse)
         keep_spans(slot, reuse)
         self.reused = self.next_pos = reuse
         self.t_start = time.perf_counter_ns()

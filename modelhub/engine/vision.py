@@ -19,7 +19,7 @@ import ctypes
 import hashlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("modelhub.vision")
 MAX_COUNTED_PIXELS = 64_000_000  # the daemon sends at most 1536 x 1536
 IMAGES_WITH_OBSERVERS = (
-    "images with a drafter that reads the target's hidden states (MTP, EAGLE-3, DFlash) are "
-    'not supported yet: send options {"draft": "off"} or use DRAFT ngram or a draft model'
+    "images with an EAGLE-3 or DFlash drafter (which read the target's hidden states) are not "
+    'supported yet: send options {"draft": "off"}, or use DRAFT mtp, ngram or a draft model'
 )
 
 
@@ -237,15 +237,21 @@ def prefill_images(gen: Generation) -> int:
     assert slot is not None
     for span in gen.images:
         if span.start == gen.next_pos:
-            decode_embeddings(gen.engine.ctx, span, slot.seq)
+            from modelhub.engine.vision_drafting import image_rows_observer
+
+            after = image_rows_observer(slot.observers(), gen.prompt, span)
+            decode_embeddings(gen.engine.ctx, span, slot.seq, after)
             slot.cached.extend(gen.prompt[span.start : span.end])
             slot.images.append(span)
             gen.next_pos = span.end
     return next((s.start for s in gen.images if s.start >= gen.next_pos), len(gen.prompt))
 
 
-def decode_embeddings(ctx: LlamaContext, span: ImageSpan, seq: int) -> None:
-    """Evaluate an image's embeddings into sequence ``seq`` at its positions (no logits)."""
+def decode_embeddings(
+    ctx: LlamaContext, span: ImageSpan, seq: int, after: Callable[[int, int], None] | None = None
+) -> None:
+    """Evaluate an image's embeddings into sequence ``seq`` at its positions (no logits);
+    ``after(offset, rows)`` follows each decode (drafters that read the target's states)."""
     n, dim = span.embd.shape
     step = n if span.non_causal else max(1, ctx.n_batch)
     if span.non_causal and n > ctx.n_batch:
@@ -273,6 +279,8 @@ def decode_embeddings(ctx: LlamaContext, span: ImageSpan, seq: int) -> None:
                     f"evaluating an image failed (llama_decode {rc}): "
                     f"{native_messages_since(mark) or 'no details'}"
                 )
+            if after is not None:
+                after(off, m)
     finally:
         llama_cpp.llama_batch_free(batch)
 
