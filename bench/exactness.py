@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from devtools import realmodels  # noqa: E402
+from modelhub.engine.context import LlamaContext  # noqa: E402
 from modelhub.engine.devices import list_devices  # noqa: E402
-from modelhub.engine.llama import LlamaContext, LlamaModel, LoadPlacement  # noqa: E402
+from modelhub.engine.llama import LlamaModel, LoadPlacement  # noqa: E402
 
 PROMPT = "The lighthouse keeper logs the weather, trims the wick, and writes to his sister."
 

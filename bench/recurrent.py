@@ -28,8 +28,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from modelhub.engine.context import LlamaContext  # noqa: E402
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from modelhub.engine.llama import LlamaContext, LlamaModel  # noqa: E402
+from modelhub.engine.llama import LlamaModel  # noqa: E402
 
 # The fixtures are written by the test suite's generators (bench/ does not import tests/):
 #   python -c "from tests.fixtures.synthetic_hybrid import write_tiny_qwen35 as q; \

@@ -405,7 +405,7 @@ def section_f(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def section_g(args: argparse.Namespace) -> dict[str, Any]:
-    from modelhub.engine.grammar import format_grammar
+    from modelhub.engine.gbnf import format_grammar
 
     target = realmodels.smollm2_q8_0()
     plain = engine(target, args.threads)

@@ -117,7 +117,8 @@ def test_a_chat_returns_to_its_slot() -> None:
 def _row_differences(kv_cache_type: str) -> list[float]:
     """Largest logit difference between a one-row decode and the same token decoded first in
     batches of 2 and 64 rows, at 300 and 600 cached tokens."""
-    from modelhub.engine.llama import LlamaContext, LlamaModel
+    from modelhub.engine.context import LlamaContext
+    from modelhub.engine.llama import LlamaModel
 
     model = LlamaModel(smollm2_q8_0())
     ctx = LlamaContext(model, n_ctx=1024, n_batch=512, n_threads=2, kv_cache_type=kv_cache_type)

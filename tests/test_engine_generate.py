@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from devtools.realmodels import smollm2_q8_0
+from modelhub.engine.gbnf import format_grammar
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions, TokenEvent
-from modelhub.engine.grammar import format_grammar
 from modelhub.errors import InputError
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,8 @@ import llama_cpp
 import pytest
 
 from devtools.realmodels import smollm2_q8_0
-from modelhub.engine.grammar import GrammarConstraint, json_grammar, schema_grammar
+from modelhub.engine.gbnf import json_grammar, schema_grammar
+from modelhub.engine.grammar import GrammarConstraint
 from modelhub.engine.llama import LlamaModel
 from modelhub.replies.tool_calls import forced_call_grammar
 

@@ -206,7 +206,7 @@ def test_drafting_under_a_grammar_is_lossless(
 ) -> None:
     """Drafts are checked against the grammar in the state the drafts before them lead to, and
     every verification row is judged in its own state: the output is the target's alone."""
-    from modelhub.engine.grammar import format_grammar
+    from modelhub.engine.gbnf import format_grammar
 
     opts = GenerateOptions(num_predict=120, temperature=0, grammar=format_grammar(SCHEMA))
     expected = plain.generate(prompts[1], opts)

@@ -1,5 +1,6 @@
-"""Code standards as tests: ruff, ruff format, mypy --strict, layer contracts, and what may
-import the development helpers (``devtools/``) and ``tests/``."""
+"""Code standards as tests: ruff, ruff format, mypy --strict, layer contracts, what may
+import the development helpers (``devtools/``) and ``tests/``, no import cycles and no
+``llama_cpp`` in the daemon."""
 
 from __future__ import annotations
 
@@ -74,3 +75,120 @@ def test_import_boundaries(folder: str, forbidden: set[str]) -> None:
     if folder != "modelhub":
         for path in (ROOT / folder).rglob("*.py"):
             assert '"tests"' not in path.read_text(), f"{path} puts tests/ on sys.path"
+
+
+# ---- the import graph: no cycles (issue 22) ---------------------------------------------------
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of modelhub by its dotted name (a package by its ``__init__.py``)."""
+    found = {}
+    for path in sorted((ROOT / "modelhub").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the modelhub modules it imports anywhere in its text: at the top, inside a
+    function, under ``TYPE_CHECKING`` (a type needed both ways is a cycle too)."""
+    modules = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(resolve(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parent, base] if base else parent)
+                targets.update(resolve(f"{base}.{alias.name}") for alias in node.names)
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_names_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_import_graph())
+    assert cycles == [], "modules that import each other (directly or round a circle):\n" + (
+        "\n".join(" <-> ".join(cycle) for cycle in cycles)
+    )
+
+
+# ---- the daemon never loads llama.cpp's native library (issue 22) ------------------------------
+
+
+def _daemon_side_modules() -> list[str]:
+    """What the daemon and the CLI may import: every module outside ``modelhub.engine``, and
+    every engine module those import anywhere (a function's lazy import too), transitively.
+    The engine's other modules run only in runners and short-lived children."""
+    graph = _import_graph()
+    wanted = {name for name in graph if not name.startswith("modelhub.engine")}
+    todo = list(wanted)
+    while todo:
+        for nxt in graph[todo.pop()] - wanted:
+            wanted.add(nxt)
+            todo.append(nxt)
+    return sorted(wanted)
+
+
+def test_the_daemon_and_cli_never_import_llama_cpp() -> None:
+    """modelhub.server.app, the CLI and everything they could import (server/images.py and
+    engine/vision.py's daemon side included) leave ``llama_cpp`` unimported."""
+    modules = ["modelhub.server.app", "modelhub.cli.main", *_daemon_side_modules()]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    if 'llama_cpp' in sys.modules:\n"
+        "        sys.exit('importing ' + name + ' loaded llama_cpp')\n"
+    )
+    r = run(sys.executable, "-c", code)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -31,14 +31,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from modelhub.engine.sequence import Generation, Slot
+from modelhub.engine.context import LlamaContext
+from modelhub.engine.sequence import Generation
+from modelhub.engine.slot import Slot
 from modelhub.engine.speculative.draft_model import common_prefix
 from modelhub.errors import ModelhubError
-
-if TYPE_CHECKING:
-    from modelhub.engine.generate import Engine
 
 log = logging.getLogger("modelhub.engine")
 T = TypeVar("T")
@@ -51,10 +50,10 @@ PREFILL_SHARE = 128
 class BatchLoop:
     """The thread that runs an engine's requests, several at a time."""
 
-    def __init__(self, engine: Engine, slots: list[Slot]) -> None:
-        self.engine = engine
+    def __init__(self, ctx: LlamaContext, slots: list[Slot]) -> None:
+        self.ctx = ctx  # the target's context: every step is one decode of it
         self.slots = slots
-        self.prefill_share = max(1, min(PREFILL_SHARE, engine.ctx.n_batch))
+        self.prefill_share = max(1, min(PREFILL_SHARE, ctx.n_batch))
         self.waiting: collections.deque[Generation] = collections.deque()
         self.active: list[Generation] = []
         self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
@@ -152,8 +151,8 @@ class BatchLoop:
             self.active.append(gen)
 
     def _step(self) -> None:
-        engine = self.engine
-        n_batch = engine.ctx.n_batch
+        ctx = self.ctx
+        n_batch = ctx.n_batch
         tokens: list[int] = []
         positions: list[int] = []
         seqs: list[int] = []
@@ -201,13 +200,13 @@ class BatchLoop:
 
         t0 = time.perf_counter_ns()
         try:
-            engine.ctx.decode_rows(tokens, positions, seqs, outputs)
+            ctx.decode_rows(tokens, positions, seqs, outputs)
         except ModelhubError as exc:
             for failed in [r[0] for r in rounds] + [c[0] for c in chunks]:
                 failed.fail(exc)
             return
         decode_ns = time.perf_counter_ns() - t0
-        logits = engine.ctx.row_logits
+        logits = ctx.row_logits
         for gen, chunk, last_row in chunks:
             self._guard(gen, gen.after_prefill, chunk, logits, last_row)
         for gen, first in rounds:
@@ -232,7 +231,7 @@ class BatchLoop:
             seqs.extend([gen.slot.seq] * len(replay))
         t0 = time.perf_counter_ns()
         try:
-            self.engine.ctx.decode_rows(tokens, positions, seqs, [False] * len(tokens))
+            self.ctx.decode_rows(tokens, positions, seqs, [False] * len(tokens))
             error: ModelhubError | None = None
         except ModelhubError as exc:
             error = exc
@@ -243,7 +242,7 @@ class BatchLoop:
             pos, replay = slot.recurrent.replay
             slot.recurrent.replay = None
             if error is not None:
-                self.engine.ctx.clear_seq(slot.seq)
+                self.ctx.clear_seq(slot.seq)
                 slot.reset()
                 if gen.phase != "done":
                     gen.fail(error)

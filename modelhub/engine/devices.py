@@ -67,7 +67,7 @@ class Device:
 def _lib() -> Any:
     import llama_cpp
 
-    from modelhub.engine.llama import ensure_backend
+    from modelhub.engine.native import ensure_backend
 
     ensure_backend()
     lib = getattr(llama_cpp, "_lib", None) or llama_cpp.llama_cpp._lib

@@ -8,7 +8,8 @@ from __future__ import annotations
 import llama_cpp
 import numpy as np
 
-from modelhub.engine.llama import LlamaContext, LlamaModel
+from modelhub.engine.context import LlamaContext
+from modelhub.engine.llama import LlamaModel
 from modelhub.errors import InputError
 
 

@@ -24,18 +24,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from modelhub.engine.batching import BatchLoop
+from modelhub.engine.context import LlamaContext
 from modelhub.engine.cpu import RepackDecision, inject_fault, repack_default
 from modelhub.engine.drafting_state import DraftLearning
 from modelhub.engine.embeddings import embed_texts, embedding_context
 from modelhub.engine.grammar import GrammarConstraint
-from modelhub.engine.llama import (
-    LlamaContext,
-    LlamaModel,
-    LoadPlacement,
-    clear_allocation_log,
-    default_threads,
-)
-from modelhub.engine.members import fork_drafters, load_drafters
+from modelhub.engine.llama import LlamaModel, LoadPlacement
+from modelhub.engine.members import fork_drafters, load_drafters, unsupported_drafter
+from modelhub.engine.native import clear_allocation_log, default_threads
 from modelhub.engine.offload import placement, plan_offload
 from modelhub.engine.options import (
     DoneReason,
@@ -48,13 +44,15 @@ from modelhub.engine.options import (
 )
 from modelhub.engine.rollback import MAX_SNAPSHOTS, Rollback
 from modelhub.engine.sampling import Sampler
-from modelhub.engine.sequence import Generation, OnDone, Slot
+from modelhub.engine.sequence import Generation, OnDone
+from modelhub.engine.slot import Slot
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Drafter
 from modelhub.engine.speculative.draft_model import DraftModelDrafter
 from modelhub.engine.speculative.factory import (
     Closable,
     draft_sources,
+    install_ngram_pool,
     ngram_pool,
 )
 from modelhub.engine.speculative.ngram import NgramPool
@@ -90,7 +88,32 @@ class Engine:
             log.info("num_parallel %d -> 1: a drafter given by the caller", self.n_parallel)
             self.n_parallel = 1
         self.sources, self.default_drafters = draft_sources(cfg, drafter)
-        want_mtp = any(src.kind == "mtp" and src.path is None for src in self.sources)
+        self._load_model()
+        self._open_context(wants_draft=bool(self.sources) or drafter is not None)
+        self._embed_ctx: LlamaContext | None = None
+        self.projector: Projector | None = None
+        try:
+            self.projector = open_projector(self.model, cfg, self.n_threads, self.offload.devices)
+        except BaseException:
+            self.close()
+            raise
+        self.drafting_disabled = unsupported_drafter(cfg)
+        if self.drafting_disabled is not None:
+            log.warning("drafting disabled: %s", self.drafting_disabled)
+            self.sources = [src for src in self.sources if src.path != cfg.draft_path]
+            names = {src.name for src in self.sources}
+            self.default_drafters = [n for n in self.default_drafters if n in names]
+        self.learning = DraftLearning(cfg, self._conditions())
+        self.slots: list[Slot] = []
+        try:
+            self._start_slots(drafter)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load_model(self) -> None:
+        """Plan where the target's layers go and load its weights (``self.model``)."""
+        cfg = self.cfg
         self.repack = (
             RepackDecision(cfg.repack, "set by the daemon")
             if cfg.repack is not None
@@ -108,7 +131,7 @@ class Engine:
             log.info("offload: %s", self.offload.reason)
         self.model = LlamaModel(
             Path(cfg.model_path),
-            load_mtp=want_mtp,
+            load_mtp=any(src.kind == "mtp" and src.path is None for src in self.sources),
             placement=LoadPlacement(
                 self.repack.enabled,
                 self.offload.n_gpu_layers,
@@ -117,6 +140,11 @@ class Engine:
                 cpu_only=self.offload.n_gpu_layers == 0,
             ),
         )
+
+    def _open_context(self, wants_draft: bool) -> None:
+        """The target's context (``self.ctx``: one KV sequence per slot, its adapters) and the
+        rollback of its sequences; closes the model if that fails."""
+        cfg = self.cfg
         train = self.model.n_ctx_train
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
         self.kv_cache_type = cfg.kv_cache_type
@@ -125,7 +153,6 @@ class Engine:
             log.info("head size %d: F16 KV cache", self.model.head_size_k())
             self.kv_cache_type = "f16"
         recurrent = self.model.is_recurrent or self.model.is_hybrid
-        wants_draft = bool(self.sources) or drafter is not None
         snapshots = 0
         if recurrent and wants_draft and cfg.recurrent_rollback == "auto":
             bound = max([cfg.draft_num_predict, *(src.max_k for src in self.sources)])
@@ -157,43 +184,25 @@ class Engine:
                 self.model.architecture,
                 f"{self.ctx.n_rs_seq} state snapshots" if self.ctx.n_rs_seq else "checkpoints",
             )
-        self._embed_ctx: LlamaContext | None = None
-        self.projector: Projector | None = None
-        try:
-            self.projector = open_projector(self.model, cfg, self.n_threads, self.offload.devices)
-        except BaseException:
-            self.close()
-            raise
-        self.drafting_disabled: str | None = None
-        if cfg.draft_kind == "mtp" and cfg.draft_path is not None and not _runnable_mtp_file(cfg):
-            # Other external drafter architectures (not MTP-only files, not Gemma 4
-            # assistants) have no driver here: serve without drafting.
-            self.drafting_disabled = (
-                f"external MTP drafter files other than MTP-only GGUFs and Gemma 4 assistants "
-                f"({Path(cfg.draft_path).name}) are not supported by this engine yet"
-            )
-            log.warning("drafting disabled: %s", self.drafting_disabled)
-            self.sources = [src for src in self.sources if src.path != cfg.draft_path]
-            names = {src.name for src in self.sources}
-            self.default_drafters = [n for n in self.default_drafters if n in names]
-        self.learning = DraftLearning(cfg, self._conditions())
-        self.slots: list[Slot] = []
-        try:
-            self.slots.append(Slot(0, load_drafters(self, drafter), len(self.default_drafters)))
-        except BaseException:
-            self.close()
-            raise
+
+    def _start_slots(self, drafter: Drafter | None) -> None:
+        """Load sequence 0's drafters, fork them for the other sequences, start the batch
+        loop and warm every model up on its thread."""
+        if drafter is None:  # the n-gram pool a previous run of this model kept
+            saved = self.learning.memory.load_ngram_pool(self.cfg.ngram_persist)
+            if saved is not None:
+                install_ngram_pool(self.model.path, saved)
+        target = (self.model, self.ctx, self.n_threads)
+        draft_placement = self.offload.draft(self.repack)
+        members = load_drafters(self.cfg, target, draft_placement, self.sources, drafter)
+        defaults = len(self.default_drafters)
+        self.slots.append(Slot(0, members, defaults))
         self.drafter: Drafter | None = self.slots[0].drafter
-        self._loop = BatchLoop(self, self.slots)
-        try:
-            defaults = len(self.default_drafters)
-            self.slots += [
-                Slot(i, fork_drafters(self), defaults) for i in range(1, self.n_parallel)
-            ]
-            self._loop.call(self._warm_up)  # on the thread that will decode (see batching)
-        except BaseException:
-            self.close()
-            raise
+        self._loop = BatchLoop(self.ctx, self.slots)
+        self.slots += [
+            Slot(i, fork_drafters(self.model, members), defaults) for i in range(1, self.n_parallel)
+        ]
+        self._loop.call(self._warm_up)  # on the thread that will decode (see batching)
 
     def _conditions(self) -> dict[str, object]:
         """What the measured costs depend on besides the model: restored only where they match."""
@@ -386,14 +395,3 @@ class Engine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _runnable_mtp_file(cfg: EngineConfig) -> bool:
-    """True when the configured MTP draft file is one this engine drafts with: a model's
-    NextN heads alone, or a Gemma 4 assistant."""
-    from modelhub.gguf.info import read_gguf_info
-
-    if cfg.draft_path is None:
-        return False
-    info = read_gguf_info(Path(cfg.draft_path))
-    return info.is_mtp_only or info.architecture == "gemma4-assistant"

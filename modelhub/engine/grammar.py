@@ -1,61 +1,25 @@
-"""Constrained output: JSON, JSON schema and raw GBNF grammars.
-
-Schemas become GBNF through llama-cpp-python's converter (``LlamaGrammar``); the grammar itself
-runs in llama.cpp's grammar sampler, which we use only as a mask over a token-data array and
-advance with each emitted token. Drafting under a grammar checks drafts and verification rows
-against clones advanced past the drafts before them (:meth:`GrammarConstraint.clone`); the
-request's own constraint only ever sees the committed sequence.
+"""Constrained output: a GBNF grammar (JSON and JSON schemas become one in
+:mod:`modelhub.engine.gbnf`; raw GBNF comes as it is) run in llama.cpp's grammar sampler, which
+we use only as a mask over a token-data array and advance with each emitted token. Drafting
+under a grammar checks drafts and verification rows against clones advanced past the drafts
+before them (:meth:`GrammarConstraint.clone`); the request's own constraint only ever sees the
+committed sequence.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import LlamaGrammar
 
-from modelhub.engine.json_layout import PRETTY, Layout, relayout
-from modelhub.engine.llama import LlamaModel, native_log_mark, native_messages_since
+from modelhub.engine.llama import LlamaModel
+from modelhub.engine.native import native_log_mark, native_messages_since
 from modelhub.engine.sampling import FloatArray
 from modelhub.errors import InputError
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
-
-
-def json_grammar() -> str:
-    """GBNF for any JSON object (Ollama's ``format: "json"``), laid out as schemas are."""
-    return schema_grammar({"type": "object"})
-
-
-def schema_grammar(schema: dict[str, Any] | str, layout: Layout = PRETTY) -> str:
-    """GBNF for a JSON schema (Ollama's ``format: {...}``), with whitespace where ``layout``
-    allows it (``engine.json_layout``: pretty-printed JSON's places by default)."""
-    text = schema if isinstance(schema, str) else json.dumps(schema)
-    try:
-        gbnf = LlamaGrammar.from_json_schema(text, verbose=False)._grammar
-    except Exception as exc:  # the converter asserts on schemas it does not know (a user error)
-        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise InputError(
-            f"format: the JSON schema cannot be turned into a grammar ({detail})"
-        ) from exc
-    # The converter allows one optional space after every token; models lay JSON out with
-    # newlines and indentation, and drafts copy that layout from the prompt, so the layout
-    # allows them where pretty-printed JSON has them, and nowhere else.
-    return relayout(gbnf, layout)
-
-
-def format_grammar(fmt: str | dict[str, Any] | None) -> str | None:
-    """Map Ollama's ``format`` field to GBNF: "json", a schema object, or ""/None (none)."""
-    if fmt is None or fmt == "":
-        return None
-    if fmt == "json":
-        return json_grammar()
-    if isinstance(fmt, dict):
-        return schema_grammar(fmt)
-    raise InputError(f'format must be "json" or a JSON schema object, not {fmt!r}')
 
 
 class GrammarConstraint:

@@ -8,64 +8,67 @@ names, or a prediction with the n-gram drafter behind it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
-from modelhub.engine.options import DRAFT_AUTO, DRAFT_OFF, GenerateOptions
+from modelhub.engine.context import LlamaContext
+from modelhub.engine.host import EngineHost
+from modelhub.engine.llama import LlamaModel, LoadPlacement
+from modelhub.engine.options import (
+    DRAFT_AUTO,
+    DRAFT_OFF,
+    DraftSource,
+    EngineConfig,
+    GenerateOptions,
+)
+from modelhub.engine.slot import Slot
 from modelhub.engine.speculative.base import Drafter
 from modelhub.engine.speculative.choice import Member
 from modelhub.engine.speculative.factory import (
-    install_ngram_pool,
     make_drafter,
     ngram_drafter,
     prediction_drafter,
 )
 from modelhub.errors import DraftError, InputError
 
-if TYPE_CHECKING:
-    from modelhub.engine.generate import Engine
-    from modelhub.engine.sequence import Slot
 
-
-def load_drafters(engine: Engine, given: Drafter | None) -> list[Member]:
-    """Sequence 0's drafters: the caller's, or one per source (the default first)."""
+def load_drafters(
+    cfg: EngineConfig,
+    target: tuple[LlamaModel, LlamaContext, int],
+    placement: LoadPlacement,
+    sources: list[DraftSource],
+    given: Drafter | None,
+) -> list[Member]:
+    """Sequence 0's drafters: the caller's, or one per source (the default first), drafting
+    for ``target`` (its model, context and threads); ``placement`` is where draft files go."""
     if given is not None:
-        return [Member(given.kind, given, engine.cfg.draft_num_predict)]
-    saved = engine.learning.memory.load_ngram_pool(engine.cfg.ngram_persist)
-    if saved is not None:
-        install_ngram_pool(engine.model.path, saved)
+        return [Member(given.kind, given, cfg.draft_num_predict)]
+    model, ctx, n_threads = target
     members = []
-    for src in engine.sources:
-        drafter = make_drafter(
-            engine.cfg,
-            engine.model,
-            engine.ctx,
-            engine.n_threads,
-            engine.offload.draft(engine.repack),
-            src,
-        )
+    for src in sources:
+        drafter = make_drafter(cfg, model, ctx, n_threads, placement, src)
         if drafter is not None:
             members.append(Member(src.name, drafter, src.max_k))
     return members
 
 
-def fork_drafters(engine: Engine) -> list[Member]:
-    """Another sequence's instances of the model's drafters: n-grams share the model's
-    pool, a draft model its weights, MTP its heads (each sequence has a draft context of
-    its own)."""
+def fork_drafters(model: LlamaModel, first: list[Member]) -> list[Member]:
+    """Another sequence's instances of the drafters of sequence 0 (``first``): n-grams share
+    the model's pool, a draft model its weights, MTP its heads (each sequence has a draft
+    context of its own)."""
     members = []
-    for member in engine.slots[0].members:
+    for member in first:
         fork = getattr(member.drafter, "fork", None)  # draft model, MTP, EAGLE-3, DFlash
         if callable(fork):
             members.append(Member(member.name, fork(), member.max_k))
         elif member.drafter.kind == "ngram":
-            members.append(Member(member.name, ngram_drafter(engine.model.path), member.max_k))
+            members.append(Member(member.name, ngram_drafter(model.path), member.max_k))
         else:
             raise DraftError(f"{member.drafter.kind} drafting serves one sequence at a time")
     return members
 
 
 def request_drafters(
-    engine: Engine, slot: Slot, options: GenerateOptions, prediction: list[int] | None
+    engine: EngineHost, slot: Slot, options: GenerateOptions, prediction: list[int] | None
 ) -> tuple[list[Member], int]:
     """The drafters and the K bound of a request in ``slot`` (none: plain decoding)."""
     k_max = engine.cfg.draft_num_predict if engine.cfg.draft_kind != "auto" else 0
@@ -91,7 +94,7 @@ def request_drafters(
     return [Member(m.name, m.drafter, min(m.max_k, k_max)) for m in chosen], k_max
 
 
-def slot_ngram(engine: Engine, slot: Slot) -> Drafter:
+def slot_ngram(engine: EngineHost, slot: Slot) -> Drafter:
     """The slot's n-gram drafter: one of its drafters, or one made for prediction requests
     (kept, with what it learned, for the next)."""
     for member in slot.members:
@@ -100,3 +103,20 @@ def slot_ngram(engine: Engine, slot: Slot) -> Drafter:
     if slot.ngram is None:
         slot.ngram = ngram_drafter(engine.model.path)
     return slot.ngram
+
+
+def unsupported_drafter(cfg: EngineConfig) -> str | None:
+    """Why the configured drafter cannot be driven (None: it can): external MTP drafter
+    files other than MTP-only GGUFs and Gemma 4 assistants have no driver here, and the
+    model is served without drafting."""
+    if cfg.draft_kind != "mtp" or cfg.draft_path is None:
+        return None
+    from modelhub.gguf.info import read_gguf_info
+
+    info = read_gguf_info(Path(cfg.draft_path))
+    if info.is_mtp_only or info.architecture == "gemma4-assistant":
+        return None
+    return (
+        f"external MTP drafter files other than MTP-only GGUFs and Gemma 4 assistants "
+        f"({Path(cfg.draft_path).name}) are not supported by this engine yet"
+    )

@@ -16,7 +16,8 @@ from typing import Any
 from modelhub.engine import devices
 from modelhub.engine.cpu import RepackDecision
 from modelhub.engine.devices import Device
-from modelhub.engine.llama import LoadPlacement, allocated_buffers, offloaded_layers
+from modelhub.engine.llama import LoadPlacement
+from modelhub.engine.native import allocated_buffers, offloaded_layers
 from modelhub.gguf.info import read_gguf_info
 
 log = logging.getLogger("modelhub.offload")

@@ -99,7 +99,7 @@ class GenerateOptions(SamplingParams):
 
     ``num_predict`` < 0 means no limit but ten contexts (see :func:`bounded_num_predict`; the
     context itself without ``shift``). ``seed`` < 0 or None draws a random seed.
-    ``grammar`` is GBNF text (see ``grammar.format_grammar`` for Ollama's ``format``); a
+    ``grammar`` is GBNF text (see ``gbnf.format_grammar`` for Ollama's ``format``); a
     constrained request is decoded without drafting. ``draft_num_predict`` overrides the engine's
     bound for this request (0 turns drafting off). ``acceptance_rule`` is the rejection-sampling
     step; it is a parameter only so that tests can prove a wrong rule is detected.

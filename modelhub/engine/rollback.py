@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass, field
 
-from modelhub.engine.llama import LlamaContext
+from modelhub.engine.context import LlamaContext
 
 # Snapshots asked of llama.cpp: the recurrent state is kept this many times more per
 # sequence, so it is bounded (a Qwen 3.6 27B state is about 150 MB).

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from modelhub.engine.devices import NO_RPC, is_loopback, parse_endpoint, rpc_supported, serve_rpc
-from modelhub.engine.llama import default_threads
+from modelhub.engine.native import default_threads
 from modelhub.errors import ModelhubError
 
 DEFAULT_ENDPOINT = "127.0.0.1:50052"

@@ -15,64 +15,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from modelhub.engine.drafting import RequestDrafting
+from modelhub.engine.host import EngineHost
 from modelhub.engine.members import request_drafters
 from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult, TokenLogprob
-from modelhub.engine.rollback import RecurrentState
 from modelhub.engine.sampling import Sampler
 from modelhub.engine.shift import follow_shift, keep_count, shift_sequence
-from modelhub.engine.speculative.base import Drafter
-from modelhub.engine.speculative.choice import Member
+from modelhub.engine.slot import Slot
 from modelhub.engine.speculative.draft_model import common_prefix
-from modelhub.engine.speculative.factory import TargetObserver
 from modelhub.engine.textstream import Committer
-from modelhub.engine.vision import ImageSpan, keep_spans, prefill_images, reusable
-from modelhub.engine.vision_drafting import settle_reuse
+from modelhub.engine.vision import ImageSpan, decode_embeddings, reusable
+from modelhub.engine.vision_drafting import image_rows_observer, settle_reuse
 from modelhub.errors import ModelhubError
-
-if TYPE_CHECKING:
-    from modelhub.engine.generate import Engine
 
 Phase = Literal["waiting", "prefill", "decode", "done"]
 RowLogits = Callable[[int], npt.NDArray[np.float32]]
 OnDone = Callable[[GenerateResult | None, BaseException | None], None]
-
-
-@dataclass
-class Slot:
-    """One of a runner's sequences: its KV sequence id, what that holds, and its drafters (the
-    model's default first; each sequence has instances of its own)."""
-
-    seq: int
-    members: list[Member] = field(default_factory=list)
-    defaults: int = 0  # the first ``defaults`` members are the ones a request uses by default
-    cached: list[int] = field(default_factory=list)  # exactly the tokens in its KV sequence
-    ngram: Drafter | None = None  # drafts where a prediction has nothing (made on first use)
-    last_used: float = 0.0
-    busy: bool = False
-    recurrent: RecurrentState = field(default_factory=RecurrentState)  # see ``rollback``
-    images: list[ImageSpan] = field(default_factory=list)  # the images in its KV sequence
-
-    @property
-    def drafter(self) -> Drafter | None:
-        """The model's default drafter in this sequence (None: it has none)."""
-        return self.members[0].drafter if self.defaults else None
-
-    def observers(self) -> list[TargetObserver]:
-        """The drafters that follow every target decode (MTP heads, EAGLE-3, DFlash)."""
-        return [m.drafter for m in self.members if isinstance(m.drafter, TargetObserver)]
-
-    def reset(self) -> None:
-        """The sequence was cleared: nothing of it is cached any more."""
-        self.cached.clear()
-        self.images.clear()
-        self.recurrent = RecurrentState()
 
 
 class Generation:
@@ -80,7 +43,7 @@ class Generation:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineHost,
         prompt: list[int],
         options: GenerateOptions,
         sampler: Sampler,
@@ -137,7 +100,7 @@ class Generation:
             if reuse < position:  # the target went back further (a checkpoint, another observer)
                 observer.rollback(reuse)
         reuse = settle_reuse(engine.rollback, slot, slot.images, self.images, reuse)
-        keep_spans(slot, reuse)
+        slot.keep_images(reuse)
         self.reused = self.next_pos = reuse
         self.t_start = time.perf_counter_ns()
         self.phase = "prefill"
@@ -148,10 +111,24 @@ class Generation:
         token in chunks, then the last token alone, so its logits (the first generated token)
         come from a one-row evaluation of this sequence whatever was cached."""
         last = len(self.prompt) - 1
-        upto = prefill_images(self) if self.images else last
+        upto = self._prefill_images() if self.images else last
         if self.next_pos < last:
             return self.prompt[self.next_pos : min(self.next_pos + budget, last, upto)]
         return [self.prompt[last]] if budget > 0 else []
+
+    def _prefill_images(self) -> int:
+        """Evaluate the images that start at the next prompt position (``vision``); returns
+        where the next image starts (or the prompt's length)."""
+        slot = self.slot
+        assert slot is not None
+        for span in self.images:
+            if span.start == self.next_pos:
+                after = image_rows_observer(slot.observers(), self.prompt, span)
+                decode_embeddings(self.engine.ctx, span, slot.seq, after)
+                slot.cached.extend(self.prompt[span.start : span.end])
+                slot.images.append(span)
+                self.next_pos = span.end
+        return next((s.start for s in self.images if s.start >= self.next_pos), len(self.prompt))
 
     def after_prefill(self, chunk: list[int], logits: RowLogits, row: int) -> None:
         """``chunk`` is in the cache; after the last prompt token, emit the first token from
@@ -339,7 +316,7 @@ class Generation:
         if not self.options.shift or slot.images:  # never cut inside an image
             return False
         keep = keep_count(self.options.num_keep, self.prompt, engine.model, engine.n_ctx)
-        discard = shift_sequence(engine, slot, self.tokens, keep)
+        discard = shift_sequence(engine.ctx, slot, self.tokens, keep)
         if discard == 0:
             return False
         drafting = self.drafting

@@ -15,15 +15,12 @@ that request drafts no more with them (the output is the target's either way).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from modelhub.engine.context import LlamaContext
 from modelhub.engine.llama import LlamaModel
+from modelhub.engine.slot import Slot
 from modelhub.engine.speculative.choice import Member
 from modelhub.engine.speculative.factory import Shifting, TargetObserver
-
-if TYPE_CHECKING:
-    from modelhub.engine.generate import Engine
-    from modelhub.engine.sequence import Slot
 
 log = logging.getLogger("modelhub.engine")
 
@@ -37,14 +34,14 @@ def keep_count(num_keep: int, prompt: list[int], model: LlamaModel, n_ctx: int) 
     return max(0, min(n, n_ctx - 4))
 
 
-def shift_sequence(engine: Engine, slot: Slot, tokens: list[int], keep: int) -> int:
-    """Shift the slot's full sequence (``tokens``: what it holds plus the pending token),
-    editing ``tokens`` and ``slot.cached``; returns how many tokens were discarded (0: none,
-    the memory cannot shift: recurrent state, M-RoPE)."""
-    if engine.model.is_recurrent or engine.model.is_hybrid:
+def shift_sequence(ctx: LlamaContext, slot: Slot, tokens: list[int], keep: int) -> int:
+    """Shift the slot's full sequence in ``ctx`` (``tokens``: what it holds plus the pending
+    token), editing ``tokens`` and ``slot.cached``; returns how many tokens were discarded (0:
+    none, the memory cannot shift: recurrent state, M-RoPE)."""
+    if ctx.model.is_recurrent or ctx.model.is_hybrid:
         return 0
     discard = (len(tokens) - 1 - keep) // 2
-    if discard < 1 or not engine.ctx.shift(keep, discard, slot.seq):
+    if discard < 1 or not ctx.shift(keep, discard, slot.seq):
         return 0
     del tokens[keep : keep + discard]
     del slot.cached[keep : keep + discard]

@@ -39,7 +39,7 @@ _SHOWN_FLAGS = [
 def system_info() -> dict[str, Any]:
     import llama_cpp
 
-    from modelhub.engine.llama import ensure_backend
+    from modelhub.engine.native import ensure_backend
 
     ensure_backend()
     flags = cpu_flags()

@@ -10,7 +10,7 @@ and a reuse point never falls inside an image.
 
 Encoding runs on the runner's request thread (before the request joins the batch); the spans
 are evaluated on the batch thread, one ``llama_decode`` of embeddings per image, just before
-the text that follows them (:func:`prefill_images`).
+the text that follows them (``sequence.Generation``'s prefill).
 """
 
 from __future__ import annotations
@@ -23,18 +23,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 from llama_cpp import mtmd_cpp as mtmd
 
-from modelhub.engine.llama import LlamaContext, LlamaModel, native_log_mark, native_messages_since
+from modelhub.engine.context import LlamaContext
+from modelhub.engine.llama import LlamaModel
+from modelhub.engine.native import native_log_mark, native_messages_since
 from modelhub.errors import GGUFError, InputError, ModelhubError
-
-if TYPE_CHECKING:
-    from modelhub.engine.sequence import Generation, Slot
 
 log = logging.getLogger("modelhub.vision")
 MAX_COUNTED_PIXELS = 64_000_000  # the daemon sends at most 1536 x 1536
@@ -223,28 +222,6 @@ def reusable(cached: list[ImageSpan], wanted: list[ImageSpan], reuse: int) -> in
         if span.start < reuse < span.end:
             reuse = span.start
     return reuse
-
-
-def keep_spans(slot: Slot, upto: int) -> None:
-    """The slot's cache was cut back to ``upto`` positions: forget the images past it."""
-    slot.images = [s for s in slot.images if s.end <= upto]
-
-
-def prefill_images(gen: Generation) -> int:
-    """Evaluate the images that start at the request's next prompt position (on the batch
-    thread); returns where the next image starts (or the prompt's length)."""
-    slot = gen.slot
-    assert slot is not None
-    for span in gen.images:
-        if span.start == gen.next_pos:
-            from modelhub.engine.vision_drafting import image_rows_observer
-
-            after = image_rows_observer(slot.observers(), gen.prompt, span)
-            decode_embeddings(gen.engine.ctx, span, slot.seq, after)
-            slot.cached.extend(gen.prompt[span.start : span.end])
-            slot.images.append(span)
-            gen.next_pos = span.end
-    return next((s.start for s in gen.images if s.start >= gen.next_pos), len(gen.prompt))
 
 
 def decode_embeddings(

@@ -309,7 +309,7 @@ def forced_call_grammar(tools: Iterable[Any], marker: str | None, name: str | No
     ``tool_choice`` "required" or a named function guarantees. The JSON is compact (at most
     one space after ``:`` and ``,``) and nothing follows the call, so it arrives within a
     budget just above its own length."""
-    from modelhub.engine.grammar import schema_grammar
+    from modelhub.engine.gbnf import schema_grammar
     from modelhub.engine.json_layout import COMPACT
 
     choices = []

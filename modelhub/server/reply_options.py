@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from modelhub.engine.grammar import format_grammar
+from modelhub.engine.gbnf import format_grammar
 from modelhub.errors import InputError
 from modelhub.gguf.info import capabilities
 from modelhub.library.views import ModelView

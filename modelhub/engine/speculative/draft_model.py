@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
+from modelhub.engine.context import LlamaContext
+from modelhub.engine.llama import ON_CPU, LlamaModel, LoadPlacement
 from modelhub.engine.speculative.base import ProbabilityFn, Proposal, pick_draft
 
 log = logging.getLogger("modelhub.engine")

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
-from modelhub.engine.llama import LlamaContext, LlamaModel, LoadPlacement
+from modelhub.engine.context import LlamaContext
+from modelhub.engine.llama import LlamaModel, LoadPlacement
 from modelhub.engine.options import DraftSource
 from modelhub.engine.speculative.base import Drafter
 from modelhub.engine.speculative.ngram import NgramDrafter, NgramPool

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
+from modelhub.engine.context import LlamaContext
+from modelhub.engine.llama import ON_CPU, LlamaModel, LoadPlacement
 from modelhub.engine.speculative.layer_api import ExtBatch, LayerApi, features, layer_api
 from modelhub.engine.speculative.mtp import nextn_api
 from modelhub.errors import DraftError

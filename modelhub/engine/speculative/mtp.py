@@ -37,7 +37,8 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from modelhub.engine.llama import ON_CPU, LlamaContext, LlamaModel, LoadPlacement
+from modelhub.engine.context import LlamaContext
+from modelhub.engine.llama import ON_CPU, LlamaModel, LoadPlacement
 from modelhub.engine.speculative.base import ProbabilityFn, Proposal, pick_draft
 from modelhub.errors import DraftError
 
