@@ -19,12 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelhub.engine.speculative.adaptive import (
-    AdaptiveDraftLength,
-    VerifyCosts,
-    restore_verify_costs,
-    verify_costs_state,
-)
+from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
+from modelhub.engine.speculative.costs import VerifyCosts, restore_verify_costs, verify_costs_state
 from modelhub.engine.speculative.ngram_file import write_atomic
 
 if TYPE_CHECKING:

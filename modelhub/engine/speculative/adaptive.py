@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+from modelhub.engine.speculative.costs import Ewma, VerifyCosts
 
 # A plain round must lose by this factor before the controller prefers drafting; avoids
 # flapping where the two are within measurement noise.
@@ -45,12 +46,8 @@ _OPTIMISTIC_ACCEPTANCE = 0.95
 _EXPLORE_EVERY = 8
 # Until this many rounds have verified drafts, keep probing at the shortest interval.
 _MIN_EVIDENCE = 4
-# Weight of a verify time below the running estimate (see _Ewma.down_alpha).
+# Weight of a verify time below the running estimate (see Ewma.down_alpha).
 _DOWN_ALPHA = 0.6
-# A sample above this multiple of the running estimate counts as this multiple: one stalled
-# round (another process took the core for a second) must not rule plain decoding or drafting
-# out, while a real change of level is still followed within a few rounds.
-_OUTLIER = 3.0
 # While a model drafter keeps drafting, one round in this many decodes plainly: plain decoding
 # is the yardstick of every choice, and an estimate of it inflated by a stall would otherwise
 # never be measured again (a drafting round does not measure it).
@@ -59,44 +56,6 @@ _PLAIN_EVERY = 32
 # rounds without drafts (then twice as many, ...): rarely enough that a text the drafter
 # cannot predict loses little, often enough that one slow measurement does not stick.
 _RATED_PROBE_AFTER = 32
-
-
-@dataclass
-class _Ewma:
-    alpha: float
-    value: float | None = None
-    # Weight of a sample below the average; None: ``alpha``. Timings on a shared CPU are noisy
-    # one way (interference only slows a round), so a fast round is believed sooner.
-    down_alpha: float | None = None
-
-    def add(self, sample: float) -> None:
-        if self.value is None:
-            self.value = sample
-        else:
-            if self.value > 0:
-                sample = min(sample, _OUTLIER * self.value)
-            low = sample < self.value and self.down_alpha is not None
-            alpha = self.down_alpha if low and self.down_alpha is not None else self.alpha
-            self.value += alpha * (sample - self.value)
-
-
-VerifyCosts = dict[int, _Ewma]
-"""Seconds to decode and check n rows, per n: a property of the target and the batch it runs
-in, not of the drafter, so the controllers of a model's drafters share one table."""
-
-
-def verify_costs_state(costs: VerifyCosts) -> dict[str, float]:
-    return {str(n): e.value for n, e in sorted(costs.items()) if e.value is not None}
-
-
-def restore_verify_costs(state: object, alpha: float = 0.3) -> VerifyCosts:
-    """A table saved by :func:`verify_costs_state` (anything malformed is skipped)."""
-    costs: VerifyCosts = {}
-    if isinstance(state, dict):
-        for n, value in state.items():
-            if str(n).isdigit() and isinstance(value, (int, float)) and 0 < value < 3600:
-                costs[int(n)] = _Ewma(alpha, float(value))
-    return costs
 
 
 class AdaptiveDraftLength:
@@ -118,7 +77,7 @@ class AdaptiveDraftLength:
         self.adaptive = adaptive
         self._cost_alpha = cost_alpha
         self._verify: VerifyCosts = {} if verify is None else verify
-        self._draft = _Ewma(cost_alpha)
+        self._draft = Ewma(cost_alpha)
         self._decay = acceptance_decay
         # The prior is one pseudo-trial; it fades with the evidence like any old round.
         self._prior = prior_acceptance
@@ -132,7 +91,7 @@ class AdaptiveDraftLength:
         self._rounds = 0
         self._last_requested = -1  # K of the previous round (-1: none yet)
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
-        self._catch_up = _Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
+        self._catch_up = Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
         self._rated = False  # the drafter rates its tokens: cut() decides, next_k() asks max_k
         self.current_k = self.max_k
         self.last_cut_rate: float | None = None  # expected tokens/s of the last cut() prefix
@@ -321,7 +280,7 @@ class AdaptiveDraftLength:
         drafting: part of what a probe costs); ``verify_seconds`` the time to decode and check
         ``proposed + 1`` rows."""
         rows = proposed + 1
-        cost = self._verify.setdefault(rows, _Ewma(self._cost_alpha))
+        cost = self._verify.setdefault(rows, Ewma(self._cost_alpha))
         # Each choice verifies only the widths it believes pay (a rated drafter's cut(), a
         # model drafter's best K), so a slow round must not stick: a faster time is believed
         # sooner, and an older estimate that contradicts this one (fewer rows dearer, more
