@@ -12,8 +12,6 @@ import pytest
 from devtools.daemons import LIVE, Daemon, start_daemon
 from tests.fakes.daemon import FakeDaemon, fake_daemon
 
-__all__ = ["Daemon", "start_daemon"]  # still imported from here by some test files
-
 # Kept for every test: it locates the real-model cache (devtools.realmodels), it is not a
 # modelhub setting.
 KEPT_ENV = frozenset({"MODELHUB_TEST_CACHE"})

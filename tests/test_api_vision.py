@@ -17,8 +17,8 @@ import openai
 import pytest
 from PIL import Image
 
+from devtools.daemons import Daemon
 from devtools.realmodels import smollm2_q4_1
-from tests.conftest import Daemon
 from tests.fixtures.synthetic_projector import write_projector
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from devtools.daemons import Daemon
 from devtools.realmodels import smollm2_q4_1, smollm2_q8_0
-from tests.conftest import Daemon
 from tests.fixtures.synthetic_projector import N_IMAGE_TOKENS, write_projector
 
 pytestmark = pytest.mark.slow

@@ -81,10 +81,6 @@ def has_vision(info: GGUFInfo) -> bool:
     return bool(info.kv.get("clip.has_vision_encoder"))
 
 
-def has_audio(info: GGUFInfo) -> bool:
-    return bool(info.kv.get("clip.has_audio_encoder"))
-
-
 def output_width(info: GGUFInfo) -> int | None:
     """The width of the embeddings it produces: ``projection_dim`` as converters write it, or
     the last projection matrix's rows (``mm.2.weight`` for LLaVA-style MLPs)."""
