@@ -1,4 +1,5 @@
-"""A coding agent's turn through Anthropic's Messages API (``--agent`` of bench/serving.py).
+"""A coding agent's turn through Anthropic's Messages API and OpenAI's stateful Responses API
+(``--agent`` of bench/serving.py).
 
     python bench/agent.py [--model smollm2-q4_1|smollm2-q8_0|PATH] [--threads 2] [--repeats 5]
 
@@ -11,7 +12,9 @@ default (``DRAFT auto``) and once with ``"draft": "off"`` in the body, taking tu
 (output tokens after the first / time from ``message_start``, which the daemon sends with the
 first token, to ``message_stop``: a forced call arrives whole at its end, so its deltas cannot
 time it), the turn's wall time, the drafts ``usage`` reports, and whether the two
-configurations wrote the same call.
+configurations wrote the same call. The same flow then runs as Codex does, through
+``POST /v1/responses``: the forced ``write_file`` function call, then its
+``function_call_output`` continuing the stored response by ``previous_response_id``.
 """
 
 from __future__ import annotations
@@ -108,18 +111,86 @@ def _flow(client: httpx.Client, edit: str, extra: dict[str, Any]) -> dict[str, A
     return {"call": arguments, "first": first, "second": second}
 
 
+WRITE_FUNCTION = {
+    "type": "function",
+    "name": WRITE_FILE["name"],
+    "description": WRITE_FILE["description"],
+    "parameters": WRITE_FILE["input_schema"],
+}
+
+
+def _responses_turn(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    """One streamed Responses turn, measured as :func:`_turn` measures a Messages one (from
+    ``response.created``, sent with the first token, to ``response.completed``)."""
+    started, first, response = time.perf_counter(), 0.0, {}
+    with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "response.created":
+                first = time.perf_counter()
+            elif event["type"] in ("response.completed", "response.incomplete"):
+                response = event["response"]
+            elif event["type"] in ("error", "response.failed"):
+                raise RuntimeError(f"stream error: {event}")
+    ended = time.perf_counter()
+    usage = response.get("usage") or {}
+    tokens = int(usage.get("output_tokens") or 0)
+    rate = (tokens - 1) / (ended - first) if first and ended > first and tokens > 1 else 0.0
+    blocks = [
+        {"type": "tool_use", "id": item["call_id"], "text_or_json": item["arguments"]}
+        for item in response.get("output", [])
+        if item.get("type") == "function_call"
+    ]
+    return {
+        "blocks": blocks,
+        "usage": usage,
+        "rate": rate,
+        "seconds": ended - started,
+        "id": response.get("id"),
+    }
+
+
+def _responses_flow(client: httpx.Client, edit: str, extra: dict[str, Any]) -> dict[str, Any]:
+    base = {"model": MODEL, "temperature": 0, "tools": [WRITE_FUNCTION], **extra}
+    first = _responses_turn(
+        client,
+        {
+            **base,
+            "instructions": SYSTEM,
+            "input": edit,
+            "tool_choice": {"type": "function", "name": "write_file"},
+            "max_output_tokens": 512,
+        },
+    )
+    call = first["blocks"][0]
+    output = {"type": "function_call_output", "call_id": call["id"], "output": "written"}
+    body = {**base, "previous_response_id": first["id"], "input": [output]}
+    second = _responses_turn(client, {**body, "max_output_tokens": 64})
+    return {"call": json.loads(call["text_or_json"]), "first": first, "second": second}
+
+
 def bench_agent(url: str, source_model: str, edit: str, repeats: int) -> dict[str, Any]:
-    """The section's figures, for a daemon at ``url`` that has ``source_model``."""
-    configs = {"draft auto": {}, "draft off": {"draft": "off"}}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    """The section's figures, for a daemon at ``url`` that has ``source_model``: the flow
+    through /v1/messages, then through /v1/responses."""
     with httpx.Client(base_url=url, timeout=900) as client:
         create = {"model": MODEL, "from": source_model, "template": TOOLS_TEMPLATE}
         client.post("/api/create", json={**create, "stream": False}).raise_for_status()
-        for extra in configs.values():
-            _flow(client, edit, extra)  # warm-up: loads, and lets auto measure its drafters
-        for _ in range(repeats):
-            for name, extra in configs.items():
-                runs[name].append(_flow(client, edit, extra))
+        out = _measure(client, _flow, edit, repeats)
+        out["responses"] = _measure(client, _responses_flow, edit, repeats)
+    return out
+
+
+def _measure(client: httpx.Client, flow: Any, edit: str, repeats: int) -> dict[str, Any]:
+    configs = {"draft auto": {}, "draft off": {"draft": "off"}}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    for extra in configs.values():
+        flow(client, edit, extra)  # warm-up: loads, and lets auto measure its drafters
+    for _ in range(repeats):
+        for name, extra in configs.items():
+            runs[name].append(flow(client, edit, extra))
     out: dict[str, Any] = {"repeats": repeats, "configs": {}}
     for name, flows in runs.items():
         usage = flows[-1]["first"]["usage"]
@@ -129,7 +200,7 @@ def bench_agent(url: str, source_model: str, edit: str, repeats: int) -> dict[st
             "output_tokens": usage.get("output_tokens"),
             "draft_count": usage.get("draft_count"),
             "draft_accepted_count": usage.get("draft_accepted_count"),
-            "closing_words": flows[-1]["second"]["blocks"][0].get("text_or_json", "")[:60],
+            "second_turn_s": round(statistics.median(f["second"]["seconds"] for f in flows), 2),
         }
     auto, off = out["configs"]["draft auto"], out["configs"]["draft off"]
     out["speedup"] = (
@@ -141,8 +212,8 @@ def bench_agent(url: str, source_model: str, edit: str, repeats: int) -> dict[st
     return out
 
 
-def print_section(section: dict[str, Any]) -> None:
-    print("\n== coding agent through /v1/messages (edit prompt, forced write_file call)")
+def print_section(section: dict[str, Any], api: str = "/v1/messages") -> None:
+    print(f"\n== coding agent through {api} (edit prompt, forced write_file call)")
     head = ("config", "decode tok/s", "turn s", "tokens", "drafted", "kept")
     print("   {:<12} {:>12} {:>7} {:>6} {:>7} {:>5}".format(*head))
     for name, c in section["configs"].items():
@@ -151,13 +222,15 @@ def print_section(section: dict[str, Any]) -> None:
             f"{c['draft_count']:>7} {c['draft_accepted_count']:>5}"
         )
     print(f"   speed-up (auto / off): {section['speedup']}x; same call: {section['same_call']}")
+    if "responses" in section:
+        print_section(section["responses"], "/v1/responses (previous_response_id)")
 
 
 def run(model: Path, settings: serving.Settings, repeats: int) -> dict[str, Any]:
     """The section on a daemon of its own (bench/serving.py's, drafting on by default)."""
     from speculative import EDIT
 
-    print(f"\n== {model.name}: coding agent through /v1/messages ...", flush=True)
+    print(f"\n== {model.name}: coding agent through /v1/messages and /v1/responses", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         d = serving.DaemonTarget(model, settings, Path(tmp))
         try:

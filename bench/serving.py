@@ -778,7 +778,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--agent",
         action="store_true",
-        help="also run the coding-agent flow through /v1/messages (bench/agent.py)",
+        help="also run the coding-agent flow (/v1/messages, /v1/responses; bench/agent.py)",
     )
     parser.add_argument("--ttft-trials", type=int, default=10)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")

@@ -168,10 +168,13 @@ def test_messages_and_responses_options_reach_the_runner(fake: FakeDaemon) -> No
             "top_p": 0.75,
             "max_output_tokens": 7,
             "store": False,
+            "draft": "off",
+            "draft_num_predict": 3,
         },
     )
     assert r.status_code == 200, r.text
     got = received(fake)[1]
+    assert (got.get("draft"), got.get("draft_num_predict")) == ("off", 3)
     assert {k: got.get(k) for k in ("num_predict", "temperature", "top_p")} == {
         "num_predict": 7,
         "temperature": 0.25,
@@ -243,3 +246,17 @@ def test_a_cancelled_request_is_a_499_of_its_class(fake: FakeDaemon) -> None:
     assert r.status_code == 499
     assert r.headers["X-Modelhub-Error-Class"] == "RequestCancelledError"
     assert r.json() == {"error": "request canceled"}  # Ollama's body, unchanged
+
+
+def test_responses_usage_counts_the_drafts(fake: FakeDaemon) -> None:
+    """/v1/responses reports what drafting checked and kept, as /v1/messages does."""
+    fake.add_model()
+    fake.script.tokens = [("a", False), ("b", True), ("c", True), ("d", False)]
+    r = fake.http.post("/v1/responses", json={"model": "tiny", "input": "hi", "store": False})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert (usage["output_tokens"], usage["draft_count"], usage["draft_accepted_count"]) == (
+        4,
+        2,
+        2,
+    )

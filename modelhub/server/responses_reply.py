@@ -72,6 +72,9 @@ class Reply:
                 "output_tokens": generated,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": prompt + generated,
+                # Extensions, as on /v1/messages: the guesses drafting checked and kept.
+                "draft_count": int(result.get("draft_count") or 0),
+                "draft_accepted_count": int(result.get("draft_accepted_count") or 0),
             }
             if result.get("done_reason") == "length":
                 body["status"] = "incomplete"

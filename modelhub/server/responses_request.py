@@ -75,7 +75,18 @@ def chat_request(
                 "whole conversation in input"
             )
     out: dict[str, Any] = {"messages": _messages(data, items, context or [])}
-    for key in ("temperature", "top_p", "seed", "stop", "keep_alive", "options"):
+    # The last three are extensions, as on /v1/chat/completions.
+    for key in (
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "keep_alive",
+        "options",
+        "draft",
+        "draft_num_predict",
+        "top_k",
+    ):
         if data.get(key) is not None:
             out[key] = data[key]
     if data.get("max_output_tokens") is not None:
