@@ -24,6 +24,7 @@ from tests.fixtures.synthetic import write_tiny_llama, write_tiny_mtp
 # llama.cpp's Vulkan backend skips CPU-type devices (lavapipe) unless they are listed.
 LANE_ENV = {"GGML_VK_VISIBLE_DEVICES": os.environ.get("GGML_VK_VISIBLE_DEVICES", "0")}
 FEW = {"temperature": 0, "num_predict": 6}
+FIXED = "PARAMETER draft_adaptive false\n"  # draft every step, at the set length
 
 
 def _offload_devices() -> list[str]:
@@ -60,17 +61,20 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     env = {**LANE_ENV, "MODELHUB_NUM_PARALLEL": "1", "MODELHUB_MAX_LOADED_MODELS": "1"}
     d = start_daemon(base / "models", base / "daemon.log", env)
     mf = base / "Modelfile"
+    # The plain references draft nothing (not auto: what they learned would be the drafting
+    # models' too, same weights), and the drafting ones draft at fixed length: the subject is
+    # the device's output, not whether the controller thinks drafting pays on a tiny model.
     mtp = write_tiny_mtp(base / "tiny-mtp.gguf")
     tiny = write_tiny_llama(base / "tiny.gguf")
     tiny_draft = write_tiny_llama(base / "tiny-draft.gguf", seed=1)
     for name, text in (
-        ("gpu", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\n"),
+        ("gpu", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\nDRAFT none\n"),
         ("cpu", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\nPARAMETER num_gpu 0\n"),
-        ("gpu-ngram", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\nDRAFT ngram\n"),
-        ("mtp", f"FROM {mtp}\nPARAMETER num_ctx 256\n"),
-        ("mtp-drafting", f"FROM {mtp}\nPARAMETER num_ctx 256\nDRAFT mtp\n"),
-        ("tiny", f"FROM {tiny}\nPARAMETER num_ctx 256\n"),
-        ("tiny-drafting", f"FROM {tiny}\nPARAMETER num_ctx 256\nDRAFT {tiny_draft}\n"),
+        ("gpu-ngram", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\nDRAFT ngram\n{FIXED}"),
+        ("mtp", f"FROM {mtp}\nPARAMETER num_ctx 256\nDRAFT none\n"),
+        ("mtp-drafting", f"FROM {mtp}\nPARAMETER num_ctx 256\nDRAFT mtp\n{FIXED}"),
+        ("tiny", f"FROM {tiny}\nPARAMETER num_ctx 256\nDRAFT none\n"),
+        ("tiny-drafting", f"FROM {tiny}\nPARAMETER num_ctx 256\nDRAFT {tiny_draft}\n{FIXED}"),
     ):
         mf.write_text(text)
         r = d.cli("create", name, "-f", str(mf))

@@ -562,7 +562,7 @@ def test_responses_api_refuses_what_it_cannot_do(served: Daemon) -> None:
                         {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}
                     ]
                 },
-                "text only",
+                "must be a data: URL",
             ),
             ({}, "input is required"),
         ):
