@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from modelhub.pull.base import ProgressEvent
 from modelhub.store import sha256_file
 
 MEDIA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -618,19 +619,25 @@ def fast_policy(**overrides: Any) -> Any:
 
 
 class Recorder:
-    """Collects progress objects (thread-safe) and summarises them."""
+    """Collects progress events (thread-safe), as the JSON objects a stream would carry, and
+    summarises them."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
-    def __call__(self, item: dict[str, Any]) -> None:
+    def __call__(self, event: ProgressEvent) -> None:
         with self._lock:
-            self.items.append(dict(item))
+            self.items.append(event.to_json())
 
     @property
     def statuses(self) -> list[str]:
         return [str(item["status"]) for item in self.items]
+
+    @property
+    def warnings(self) -> list[str]:
+        """The warnings' texts (their own field; the status adds ``warning: ``)."""
+        return [str(item["warning"]) for item in self.items if "warning" in item]
 
     def compact(self) -> list[str]:
         """Statuses with consecutive repeats collapsed (progress ticks become one line)."""

@@ -19,7 +19,7 @@ import pytest
 from devtools.daemons import Daemon, start_daemon
 from devtools.pullservers import MEDIA_MODEL, RegistryServer
 from modelhub.library.pulled import installer
-from modelhub.pull import pull_model
+from modelhub.pull import ProgressEvent, pull_model
 from modelhub.pull.catalog import parse_catalog
 from modelhub.store import MEDIA_PARAMS, Store, parse_name
 from tests.fixtures.synthetic import write_tiny_llama
@@ -158,8 +158,9 @@ def test_a_pulled_model_cannot_make_the_runner_connect_anywhere(served: Daemon, 
             c.post("/api/generate", json={"model": name, "keep_alive": 0})
         assert "rpc_servers" not in shown["parameters"].lower(), shown["parameters"]
         assert "temperature" in shown["parameters"], shown["parameters"]
-        warnings = [str(x["status"]) for x in lines if str(x["status"]).startswith("warning")]
+        warnings = [str(x["warning"]) for x in lines if "warning" in x]
         assert len(warnings) == 2, lines
+        assert all({"status": f"warning: {w}", "warning": w} in lines for w in warnings)
         assert all("is not kept" in w and "MODELHUB_RPC_SERVERS" in w for w in warnings)
 
 
@@ -172,14 +173,14 @@ def test_a_catalog_entry_cannot_name_rpc_workers(tiny: Path, tmp_path: Path) -> 
         f"    sources: [{{file: {json.dumps(tiny.as_uri())}, pinned: false}}]\n"
         "    parameters: {rpc_servers: '127.0.0.1:9', top_k: 7}\n"
     )
-    lines: list[dict[str, Any]] = []
+    events: list[ProgressEvent] = []
     name = pull_model(
-        store, "cat-tiny", progress=lines.append, install=installer(store), catalog=catalog
+        store, "cat-tiny", progress=events.append, install=installer(store), catalog=catalog
     )
     stored = store.get(name)
     (params_layer,) = stored.manifest.layers_of(MEDIA_PARAMS)
     assert json.loads(store.read_blob_bytes(params_layer.digest)) == {"top_k": 7}
-    assert any("rpc_servers is not kept" in str(x.get("status")) for x in lines), lines
+    assert any("rpc_servers is not kept" in (x.warning or "") for x in events), events
     assert stored.name == parse_name("cat-tiny")
 
 

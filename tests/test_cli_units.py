@@ -578,7 +578,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b'{"status":"parsing GGUF"}\n')
                 self.close_connection = True
                 return
-            lines = [{"status": "parsing GGUF"}, {"status": "warning: draft is large"}]
+            warned = {"status": "warning: draft is large", "warning": "draft is large"}
+            lines = [{"status": "parsing GGUF"}, warned]
             lines.append(
                 {"error": "boom"} if request["model"] == "midway" else {"status": "success"}
             )

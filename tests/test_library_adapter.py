@@ -11,7 +11,7 @@ import pytest
 
 from modelhub.cli.render import show_summary
 from modelhub.errors import InputError, NotFoundError
-from modelhub.library.create import CreateRequest, Creator
+from modelhub.library.create import CreateRequest, Creator, ProgressEvent
 from modelhub.library.views import ModelViews
 from modelhub.runtime.planning import plan
 from modelhub.server.routes_models import show_payload
@@ -29,7 +29,7 @@ class Library:
     def __init__(self, root: Path) -> None:
         self.store = Store(root / "models")
         self.views = ModelViews(self.store)
-        self.events: list[dict[str, Any]] = []
+        self.events: list[ProgressEvent] = []
 
     def upload(self, path: Path) -> str:
         return self.store.import_file(path)[0]
@@ -60,7 +60,7 @@ def test_create_stores_the_adapter_and_the_plan_loads_it(
 ) -> None:
     model, lora = lib.upload(files["tiny"]), lib.upload(files["lora"])
     lib.create("tl", files={"tiny.gguf": model}, adapters={"lora.gguf": lora})
-    assert {"status": "checking adapter"} in lib.events
+    assert ProgressEvent("checking adapter") in lib.events
     view = lib.views.get(parse_name("tl"))
     (layer,) = view.adapters
     assert layer.media_type == MEDIA_ADAPTER and layer.digest == lora
@@ -108,7 +108,7 @@ def test_an_f32_adapter_of_rank_8_is_created_with_a_warning(
         files={"tiny.gguf": lib.upload(files["tiny"])},
         adapters={"f32.gguf": lib.upload(f32)},
     )
-    warnings = [e["status"] for e in lib.events if e["status"].startswith("warning: ADAPTER")]
+    warnings = [e.warning for e in lib.events if e.warning and e.warning.startswith("ADAPTER")]
     assert len(warnings) == 1 and "F32 LoRA tensors of rank 8" in warnings[0]
 
 

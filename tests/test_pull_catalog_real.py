@@ -62,7 +62,7 @@ def test_smollm2_from_the_real_catalog_falls_through_to_the_wheel(tmp_path, monk
     assert entry is not None
     used = [s for s in recorder.statuses if s.startswith("using source ")]
     assert used == [f"using source {source.description}" for source in entry.sources]
-    warnings = [s for s in recorder.statuses if s.startswith("warning: source ")]
+    warnings = [w for w in recorder.warnings if w.startswith("source ")]
     assert len(warnings) == 2  # registry and Hugging Face failed, quickly
     assert recorder.statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
     model = store.get(parse_name("smollm2:135m"))

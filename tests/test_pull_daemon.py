@@ -91,10 +91,11 @@ def test_a_hugging_face_pull_brings_the_sidecar_drafter_unless_no_draft(tmp_path
             assert show.returncode == 0 and "mtp_drafter" in show.stdout, show.stdout
             assert "vision" not in shown["capabilities"] and "projector_info" not in shown
             assert any(
-                str(line.get("status", "")).startswith(
-                    "warning: the projector mmproj-gemma-4-tiny-it-F16.gguf that came with the "
+                str(line.get("warning", "")).startswith(
+                    "the projector mmproj-gemma-4-tiny-it-F16.gguf that came with the "
                     "model is not used"
                 )
+                and line["status"] == f"warning: {line['warning']}"
                 for line in lines
             )
 

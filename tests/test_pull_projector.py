@@ -125,7 +125,7 @@ def test_hf_mmproj_beside_the_weights_is_attached(store: Store, hub, ggufs) -> N
     recorder = Recorder()
     name = pull(store, "hf.co/org/seer", recorder)
     assert f"pulling {sha256(ggufs['mmproj'])[7:19]}" in recorder.statuses
-    assert not [s for s in recorder.statuses if s.startswith("warning") and "projector" in s]
+    assert not [w for w in recorder.warnings if "projector" in w]
     assert_vision(store, name, ggufs["mmproj"])
     (layer,) = store.get(parse_name(name)).manifest.layers_of(MEDIA_PROJECTOR)
     assert layer.from_ == "mmproj-seer-F16.gguf"
@@ -161,11 +161,12 @@ def test_hf_projector_that_cannot_serve_is_left_out_with_a_warning(
     model = store.get(parse_name(name))
     assert model.manifest.layers_of(MEDIA_PROJECTOR) == []
     assert model.manifest.layers_of(MEDIA_DRAFT)  # the good draft is kept
-    (warning,) = [s for s in recorder.statuses if s.startswith("warning: the projector")]
+    (warning,) = [w for w in recorder.warnings if w.startswith("the projector")]
     assert warning.startswith(
-        "warning: the projector mmproj-seer-F16.gguf that came with the model is not used "
+        "the projector mmproj-seer-F16.gguf that came with the model is not used "
         "(the model was installed without it): "
     )
+    assert f"warning: {warning}" in recorder.statuses
     assert ("width 576" if case == "another width" else "not a projector") in warning
     assert recorder.statuses[-1] == "success"
 

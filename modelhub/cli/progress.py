@@ -1,7 +1,9 @@
 """Progress display for long operations (create now; pull later), written to stdout.
 
 Status lines of a stream are printed one per line; lines that carry ``digest``, ``total`` and
-``completed`` drive a progress bar per (status, digest); ``warning:`` lines stand out.
+``completed`` drive a progress bar per (status, digest); an object with a ``warning`` field is a
+warning, printed as ``warning: <text>`` in yellow (its ``status`` is that same line for clients
+that know only ``status``).
 On a terminal the bars animate; in a pipe or log only their final state is written.
 """
 
@@ -61,8 +63,8 @@ class ProgressDisplay:
         self.console.print(Text(text, style=style or ""))
 
     def warning(self, text: str) -> None:
-        shown = text if text.lower().startswith("warning") else f"warning: {text}"
-        self.line(shown, style="bold yellow")
+        """``warning: <text>``, standing out."""
+        self.line(f"warning: {text}", style="bold yellow")
 
     def start_task(
         self, description: str, total: float | None = None, *, final: str | None = None
@@ -86,7 +88,10 @@ class ProgressDisplay:
         status = str(item.get("status", "")).strip()
         digest = item.get("digest")
         total = item.get("total")
-        if digest and isinstance(total, int | float) and total > 0:
+        warning = item.get("warning")
+        if isinstance(warning, str) and warning:
+            self.warning(warning)
+        elif digest and isinstance(total, int | float) and total > 0:
             key = (status, str(digest))
             completed = item.get("completed") or 0
             if key not in self._bars:
@@ -94,7 +99,5 @@ class ProgressDisplay:
             self.advance_to(self._bars[key], completed, total)
             if completed >= total:
                 self.finish_task(self._bars[key])
-        elif status.lower().startswith("warning"):
-            self.warning(status)
         elif status:
             self.line(status)

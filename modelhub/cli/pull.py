@@ -58,9 +58,7 @@ class PullDisplay:
         if self.console.is_terminal:
             self._progress.stop()
 
-    def _line(self, text: str) -> None:
-        # A failed source before the one that served is worth noticing.
-        style = "bold yellow" if text.lower().startswith("warning") else ""
+    def _line(self, text: str, style: str = "") -> None:
         self.console.print(Text(text, style=style))
         self._last_line = text
 
@@ -69,7 +67,11 @@ class PullDisplay:
         status = str(item.get("status", "")).strip()
         digest = str(item.get("digest") or "")
         total = item.get("total")
-        if digest and isinstance(total, int | float) and total > 0:
+        warning = item.get("warning")
+        if isinstance(warning, str) and warning:
+            # e.g. a failed source before the one that served: worth noticing
+            self._line(f"warning: {warning}", "bold yellow")
+        elif digest and isinstance(total, int | float) and total > 0:
             self._layer(status, digest, int(total), item.get("completed"))
         elif status and status != self._last_line:  # the same status twice in a row: once
             self._line(status)

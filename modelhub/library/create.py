@@ -21,7 +21,7 @@ from modelhub.gguf.info import GGUFInfo
 from modelhub.gguf.projector import check_projector
 from modelhub.library.create_config import model_config, ordered_config
 from modelhub.library.create_draft import apply_draft
-from modelhub.library.create_layers import FLOAT_TYPES, LayerBuilder, Progress
+from modelhub.library.create_layers import FLOAT_TYPES, LayerBuilder
 from modelhub.library.create_request import (
     CreateRequest,
     check_request,
@@ -29,6 +29,7 @@ from modelhub.library.create_request import (
     validate_file_map,
 )
 from modelhub.library.views import ModelView
+from modelhub.pull.base import Progress, ProgressEvent
 from modelhub.store import (
     MEDIA_ADAPTER,
     MEDIA_CONFIG,
@@ -49,6 +50,7 @@ __all__ = [
     "CreateRequest",
     "Creator",
     "Progress",
+    "ProgressEvent",
     "check_request",
     "validate_file_map",
 ]
@@ -148,7 +150,7 @@ class Creator(LayerBuilder):
                 info = self._info(layer.digest, name)
                 check_adapter(target, info, name)
                 if (warning := exactness_warning(info)) is not None:
-                    self.status(f"warning: ADAPTER {name}: {warning}")
+                    self.warn(f"ADAPTER {name}: {warning}")
 
     # -- texts and parameters ---------------------------------------------------------
     def _apply_texts(

@@ -78,7 +78,7 @@ def apply_draft(
     except DraftError as exc:  # the checks name blobs; say which DRAFT line they are about
         raise DraftError(f"DRAFT {shown}: {exc}") from None
     for warning in report.warnings:
-        builder.status(f"warning: {warning}")
+        builder.warn(warning)
     config["draft"] = {
         "kind": kind,
         "model_format": "gguf",

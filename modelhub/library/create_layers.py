@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from typing import Any
 
 from modelhub.errors import GGUFError, InputError, ModelhubError, NotFoundError
@@ -17,6 +16,7 @@ from modelhub.gguf.info import GGUFInfo, is_gguf
 from modelhub.gguf.projector import is_projector
 from modelhub.library.create_request import quant_type
 from modelhub.library.views import ModelView, ModelViews
+from modelhub.pull.base import Progress, ProgressEvent
 from modelhub.store import (
     MEDIA_ADAPTER,
     MEDIA_MODEL,
@@ -25,8 +25,6 @@ from modelhub.store import (
     Store,
     parse_name,
 )
-
-Progress = Callable[[dict[str, Any]], None]
 
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 
@@ -38,8 +36,19 @@ class LayerBuilder:
         self.progress = progress
         self.created: set[str] = set()  # digests this request stored for the first time
 
-    def status(self, text: str, **extra: Any) -> None:
-        self.progress({"status": text, **extra})
+    def status(
+        self,
+        text: str,
+        *,
+        digest: str | None = None,
+        total: int | None = None,
+        completed: int | None = None,
+    ) -> None:
+        self.progress(ProgressEvent(text, digest, total, completed))
+
+    def warn(self, text: str) -> None:
+        """A warning in the stream (its own field; the status reads ``warning: <text>``)."""
+        self.progress(ProgressEvent.warn(text))
 
     def stored_model(self, ref: str, directive: str, *, not_a_name: str, missing: str) -> ModelView:
         """The stored model ``ref`` names; errors name the directive and what to do instead."""
@@ -101,8 +110,8 @@ class LayerBuilder:
         if requantize:
             # Ollama refuses this; we allow it (a requantised copy is a useful speculative
             # target for its quantised self) but say what it means.
-            self.status(
-                f"warning: requantizing a {info.file_type} model: the {key.upper()} copy keeps "
+            self.warn(
+                f"requantizing a {info.file_type} model: the {key.upper()} copy keeps "
                 f"the rounding of {info.file_type} (quantize from F16/BF16/F32 for full quality)"
             )
         if info.file_type.upper() == key.upper():

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from modelhub.errors import GGUFError, InputError
 from modelhub.gguf.info import is_gguf
 from modelhub.gguf.projector import is_projector
 from modelhub.library.create import CreateRequest, Creator
 from modelhub.library.views import ModelViews
-from modelhub.pull.base import Progress
+from modelhub.pull.base import Progress, ProgressEvent
 from modelhub.pull.single import FetchedModel, Installer
 from modelhub.store import Store
 
-# Statuses of the create service that also belong in a pull's stream.
-_FORWARDED = ("writing manifest", "warning")
+# Statuses of the create service that also belong in a pull's stream (besides its warnings).
+_FORWARDED = frozenset({"writing manifest"})
 
 
 def installer(store: Store) -> Installer:
     """What ``pull_model`` calls to write the manifest of a single-file pull into ``store``."""
 
     def install(fetched: FetchedModel, progress: Progress) -> None:
-        def forward(item: dict[str, Any]) -> None:
-            if str(item.get("status", "")).startswith(_FORWARDED):
-                progress(item)
+        def forward(event: ProgressEvent) -> None:
+            if event.warning is not None or event.status in _FORWARDED:
+                progress(event)
 
         views = ModelViews(store)
         for fname, digest in fetched.projectors.items():

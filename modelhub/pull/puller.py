@@ -10,8 +10,9 @@ References, tried in this order:
 
 Progress objects are Ollama's (§2.1): ``pulling manifest``, ``pulling <12 hex>`` with
 ``digest``/``total``/``completed``, ``verifying sha256 digest``, ``writing manifest``,
-``success``; catalog pulls add ``using source <source>`` lines and ``warning: ...`` lines
-for sources that failed.
+``success``; catalog pulls add ``using source <source>`` lines and warnings for sources that
+failed. The callback receives them as :class:`~modelhub.pull.base.ProgressEvent`; a warning is
+one whose ``warning`` field is set (its status reads ``warning: ...``).
 
 A model's drafter comes with it (a Hugging Face repo's sidecar GGUF, a registry manifest's draft
 layer) unless ``no_draft``: then the sidecar is not fetched, and a registry model is stored
@@ -20,7 +21,7 @@ without its draft layer (and the config's ``draft`` entry), under a manifest of 
 Parameters only the local user may set (``LOCAL_ONLY_PARAMETERS``: ``rpc_servers``, the hosts a
 runner connects to) never come with a pull (SEC-22): they are dropped from a registry model's
 params layer (stored under a manifest of its own) and from a catalog entry's parameters, with a
-``warning: ...`` line in the stream.
+warning in the stream.
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ from modelhub.errors import (
     SourceUnavailableError,
     StoreError,
 )
-from modelhub.pull.base import DEFAULT_POLICY, DownloadPolicy, Progress, check_cancel, short_hex
+from modelhub.pull.base import (
+    DEFAULT_POLICY,
+    DownloadPolicy,
+    Progress,
+    ProgressEvent,
+    check_cancel,
+    short_hex,
+)
 from modelhub.pull.catalog import Catalog, CatalogEntry, CatalogSource, default_catalog
 from modelhub.pull.downloader import check_space
 from modelhub.pull.fetch import HttpBlobSource
@@ -75,7 +83,10 @@ class _Pull:
     no_draft: bool = False
 
     def status(self, text: str) -> None:
-        self.progress({"status": text})
+        self.progress(ProgressEvent(text))
+
+    def warn(self, text: str) -> None:
+        self.progress(ProgressEvent.warn(text))
 
 
 def pull_model(
@@ -105,7 +116,7 @@ def pull_model(
     pull = _Pull(store, client, progress, cancel, policy, install, no_draft)
     pull.status("pulling manifest")
     name = _dispatch(pull, kind, text, catalog)
-    progress({"status": "success"})
+    progress(ProgressEvent("success"))
     return name
 
 
@@ -185,7 +196,7 @@ def _pull_entry(pull: _Pull, entry: CatalogEntry) -> ModelName:
         except ModelhubError as exc:
             reason = str(exc).removeprefix(f"{source.ref}: ")  # said once is enough
             failures.append(f"{source.description}: {reason}")
-            pull.status(f"warning: source {source.description} failed: {reason}")
+            pull.warn(f"source {source.description} failed: {reason}")
     raise SourceUnavailableError(
         f"pull {entry.display}: no source could serve it: " + "; ".join(failures)
     )
@@ -282,8 +293,8 @@ def _without_local_only(pull: _Pull, params: dict[str, Any]) -> dict[str, Any]:
     kept = {}
     for key, value in params.items():
         if str(key).lower() in LOCAL_ONLY_PARAMETERS:
-            pull.status(
-                f"warning: the pulled parameter {str(key)[:40]} is not kept: RPC workers come "
+            pull.warn(
+                f"the pulled parameter {str(key)[:40]} is not kept: RPC workers come "
                 "only from MODELHUB_RPC_SERVERS or a Modelfile you create"
             )
         else:
@@ -317,10 +328,7 @@ def _fetch_layer(pull: _Pull, registry: RegistryClient, layer: Layer) -> None:
     status = f"pulling {short_hex(layer.digest)}"
 
     def report(completed: int) -> None:
-        line = {"status": status, "digest": layer.digest, "total": layer.size}
-        if completed:
-            line["completed"] = completed
-        pull.progress(line)
+        pull.progress(ProgressEvent(status, layer.digest, layer.size, completed or None))
 
     if pull.store.has_blob(layer.digest):
         actual = pull.store.blob_path(layer.digest).stat().st_size
@@ -351,6 +359,4 @@ def _fetch_layer(pull: _Pull, registry: RegistryClient, layer: Layer) -> None:
             cancel=pull.cancel,
             interval=pull.policy.progress_interval,
         )
-    pull.progress(
-        {"status": status, "digest": layer.digest, "total": layer.size, "completed": layer.size}
-    )
+    pull.progress(ProgressEvent(status, layer.digest, layer.size, layer.size))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from modelhub.errors import InputError, SizeMismatchError
-from modelhub.pull.base import DownloadPolicy, Progress, check_cancel, short_hex
+from modelhub.pull.base import DownloadPolicy, Progress, ProgressEvent, check_cancel, short_hex
 from modelhub.pull.transfers import Job, obtain
 from modelhub.store import ModelName, Store
 
@@ -90,17 +90,14 @@ def fetch_file(
             )
         with contextlib.suppress(OSError):
             os.utime(store.blob_path(item.expected))
-        progress({"status": status, "digest": shown, "total": actual, "completed": actual})
+        progress(ProgressEvent(status, shown, actual, actual))
         return item.expected
     if item.announce:
-        progress({"status": item.announce})
+        progress(ProgressEvent(item.announce))
     total = item.size or 0
 
     def report(completed: int) -> None:
-        line: dict[str, Any] = {"status": status, "digest": shown, "total": total}
-        if completed:
-            line["completed"] = completed
-        progress(line)
+        progress(ProgressEvent(status, shown, total, completed or None))
 
     report(0)
     digest = obtain(
@@ -111,7 +108,7 @@ def fetch_file(
         interval=policy.progress_interval,
     )
     size = store.blob_path(digest).stat().st_size
-    progress({"status": status, "digest": shown, "total": size, "completed": size})
+    progress(ProgressEvent(status, shown, size, size))
     return digest
 
 
@@ -130,7 +127,7 @@ def install_single(
     usable GGUF) is left out: the model is installed without it and the stream says why.
     """
     for note in plan.notes:
-        progress({"status": note})
+        progress(ProgressEvent(note))
     model = fetch_file(store, plan.model, progress=progress, cancel=cancel, policy=policy)
     extras: dict[str, dict[str, str]] = {"drafts": {}, "projectors": {}}
     for kind, item in (("drafts", plan.draft), ("projectors", plan.projector)):
@@ -138,7 +135,7 @@ def install_single(
             digest = fetch_file(store, item, progress=progress, cancel=cancel, policy=policy)
             extras[kind][os.path.basename(item.filename)] = digest
     check_cancel(cancel)
-    progress({"status": "verifying sha256 digest"})
+    progress(ProgressEvent("verifying sha256 digest"))
     files = {os.path.basename(plan.model.filename): model}
     fetched = FetchedModel(
         plan.name,
@@ -175,9 +172,9 @@ def _install_leaving_out(install: Installer, fetched: FetchedModel, progress: Pr
             (shown,) = getattr(fetched, kind)
             reason = str(first).removeprefix(f"DRAFT {shown}: ").removeprefix(f"{shown}: ")
             progress(
-                {
-                    "status": f"warning: the {_WHAT[kind]} {shown} that came with the model is "
-                    f"not used (the model was installed without it): {reason}"
-                }
+                ProgressEvent.warn(
+                    f"the {_WHAT[kind]} {shown} that came with the model is not used (the model "
+                    f"was installed without it): {reason}"
+                )
             )
         return

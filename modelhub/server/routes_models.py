@@ -22,6 +22,7 @@ from modelhub.gguf.info import capabilities, model_info_for_show
 from modelhub.library.create import CreateRequest, Creator
 from modelhub.library.views import ModelView
 from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
+from modelhub.pull.base import Progress
 from modelhub.runtime.planning import DEFAULT_DRAFT_LEN
 from modelhub.server import schemas
 from modelhub.server.drafting_view import drafting_payload
@@ -283,7 +284,7 @@ async def create(request: Request) -> Response:
     # 400s before anything is streamed; a template's parse takes seconds when it is large
     req = await off_loop(checked_create, data)
 
-    def job(emit: Any) -> None:
+    def job(emit: Progress) -> None:
         Creator(state.store, state.views, emit).run(req)
         state.on_model_changed(req.model)
 
@@ -303,7 +304,7 @@ async def pull(request: Request) -> Response:
     stream = field(data, "stream", bool, True)
     cancel = threading.Event()
 
-    def job(emit: Any) -> None:
+    def job(emit: Progress) -> None:
         name = pull_model(
             state.store,
             ref,

@@ -1,4 +1,7 @@
-"""Run a blocking job in a thread and stream its progress objects as NDJSON.
+"""Run a blocking job in a thread and stream its progress events as NDJSON.
+
+The job reports :class:`~modelhub.pull.base.ProgressEvent` objects (pull and create); each
+becomes one line, its warning (if any) in a ``warning`` field beside the ``status``.
 
 Ollama's rule: an error before anything was streamed is a normal JSON error with its status;
 once a line went out, the status is 200 and the error is one last ``{"error": ...}`` line.
@@ -15,12 +18,13 @@ from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
 
+from modelhub.pull.base import Progress, ProgressEvent
 from modelhub.server.errors import as_error, error_response, stream_error_body
 from modelhub.server.jsonbody import JSONResponse, line
 
 log = logging.getLogger(__name__)
 
-Job = Callable[[Callable[[dict[str, Any]], None]], None]
+Job = Callable[[Progress], None]
 _DONE = object()
 
 
@@ -29,8 +33,8 @@ async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None =
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
-    def emit(obj: dict[str, Any]) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, obj)
+    def emit(event: ProgressEvent) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, event)
 
     def worker() -> None:
         try:
@@ -43,14 +47,14 @@ async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None =
     threading.Thread(target=worker, daemon=True).start()
 
     if not stream:
-        last: Any = None
+        last: ProgressEvent | None = None
         while (item := await queue.get()) is not _DONE:
             if isinstance(item, BaseException):
                 while await queue.get() is not _DONE:
                     pass
                 return error_response(item, "ollama")
             last = item
-        return JSONResponse(last or {})
+        return JSONResponse(last.to_json() if last is not None else {})
 
     first = await queue.get()
     if isinstance(first, BaseException):
@@ -63,7 +67,7 @@ async def run_streaming(job: Job, stream: bool, cancel: threading.Event | None =
                 if isinstance(item, BaseException):
                     yield _line(stream_error_body(item, "ollama"))
                 else:
-                    yield _line(item)
+                    yield _line(item.to_json())
                 item = await queue.get()
         finally:
             if item is not _DONE and cancel is not None:
