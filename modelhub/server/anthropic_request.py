@@ -1,6 +1,6 @@
 """An Anthropic Messages request (``POST /v1/messages``) as the chat request it means.
 
-The body becomes two things the chat path already takes (``routes_openai.chat_setup``): the
+The body becomes two things the chat path already takes (``completion_request.chat_setup``): the
 request's options in Chat Completions' names (``max_tokens``, ``stop``, ``temperature``,
 ``top_p``, ``top_k``, ``tools``, ``tool_choice``, ``think``, ``response_format``) and the
 messages in the template's own form (``role``, ``content``, ``images``, ``thinking``,

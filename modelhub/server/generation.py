@@ -12,13 +12,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from modelhub.engine.protocol import raise_if_error
 from modelhub.errors import ModelhubError, RequestCancelledError
+from modelhub.replies.reply import ReplyPart
 from modelhub.runtime.planning import Plan
 from modelhub.runtime.scheduler import Loaded
 from modelhub.server.errors import error_response, stream_error_body
@@ -141,6 +142,29 @@ async def chained(head: list[Event], rest: AsyncIterator[Event]) -> AsyncIterato
         yield event
     async for event in rest:
         yield event
+
+
+class ReplyReader(Protocol):
+    """What reads a reply's text into parts as it comes (``completion_request.Setup``)."""
+
+    def parse(self, text: str) -> ReplyPart: ...
+
+    def finish(self) -> ReplyPart: ...
+
+
+async def gathered(
+    events: AsyncIterator[Event], reader: ReplyReader, take: Callable[[ReplyPart], object]
+) -> dict[str, Any]:
+    """An unstreamed answer: each token's reply part, then the reader's last one, handed to
+    ``take`` in order; returns the ``done`` event's result (empty without one)."""
+    result: dict[str, Any] = {}
+    async for ev in events:
+        if ev.get("event") == "token":
+            take(reader.parse(str(ev.get("text", ""))))
+        elif ev.get("event") == "done":
+            result = ev["result"]
+    take(reader.finish())
+    return result
 
 
 async def respond(

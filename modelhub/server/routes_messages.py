@@ -1,15 +1,15 @@
 """Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
 A request is read into the chat request it means (``anthropic_request``) and runs through the
-chat path every API shares (``routes_openai.chat_setup`` and ``completion_events``: templates,
-thinking, tool calls and forced-call grammars, truncation, drafting). The reply comes back as
-content blocks (``thinking``, ``text``, ``tool_use``) with Anthropic's ``stop_reason`` and
-``usage`` (plus ``draft_count`` / ``draft_accepted_count``), or streamed as Anthropic's events:
-``message_start``, ``ping``, then per block ``content_block_start``, ``content_block_delta``
-(``thinking_delta`` then ``signature_delta``, ``text_delta``, ``input_json_delta``) and
-``content_block_stop``, then ``message_delta`` and ``message_stop``. Errors have Anthropic's
-shape (``server/errors.py``); ``anthropic-version``, ``anthropic-beta``, ``x-api-key`` and
-``Authorization`` are accepted and ignored.
+chat path every API shares (``completion_request.chat_setup`` and ``completion_events``:
+templates, thinking, tool calls and forced-call grammars, truncation, drafting). The reply comes
+back as content blocks (``thinking``, ``text``, ``tool_use``) with Anthropic's ``stop_reason``
+and ``usage`` (plus ``draft_count`` / ``draft_accepted_count``), or streamed as Anthropic's
+events: ``message_start``, ``ping``, then per block ``content_block_start``,
+``content_block_delta`` (``thinking_delta`` then ``signature_delta``, ``text_delta``,
+``input_json_delta``) and ``content_block_stop``, then ``message_delta`` and ``message_stop``.
+Errors have Anthropic's shape (``server/errors.py``); ``anthropic-version``, ``anthropic-beta``,
+``x-api-key`` and ``Authorization`` are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from modelhub.errors import ModelhubError
 from modelhub.replies.reply import ReplyPart
 from modelhub.runtime.planning import keep_alive_seconds
 from modelhub.server.anthropic_request import read_messages_request
+from modelhub.server.completion_request import Setup, chat_setup, completion_events
 from modelhub.server.errors import error_body
-from modelhub.server.generation import chained, collect, runner_counter
+from modelhub.server.generation import chained, collect, gathered, runner_counter
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
 from modelhub.server.requests import read_model_request
-from modelhub.server.routes_openai import Setup, chat_setup, completion_events
 from modelhub.server.state import get_state
 
 router = APIRouter()
@@ -168,13 +168,8 @@ async def messages(request: Request) -> Response:
         prompt = next((e["prompt_tokens"] for e in head if e.get("event") == "prompt"), 0)
         stream = _streamed(reply, setup, chained(head, events), int(prompt or 0))
         return StreamingResponse(stream, media_type="text/event-stream")
-    blocks, result = _Blocks(), {}
-    async for ev in chained(head, events):
-        if ev.get("event") == "token":
-            blocks.part(setup.parse(str(ev.get("text", ""))))
-        elif ev.get("event") == "done":
-            result = ev["result"]
-    blocks.part(setup.finish())
+    blocks = _Blocks()
+    result = await gathered(chained(head, events), setup, blocks.part)
     blocks.close()
     stop = reply.stop(result, blocks.called)
     return JSONResponse(reply.message(blocks.content, **stop, usage=usage(result)))

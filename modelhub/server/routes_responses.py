@@ -21,15 +21,15 @@ from fastapi.responses import Response, StreamingResponse
 
 from modelhub.errors import InputError, ModelhubError
 from modelhub.replies.reply import ReplyPart
+from modelhub.server.completion_request import chat_setup, completion_events
 from modelhub.server.errors import error_body
-from modelhub.server.generation import chained, collect
+from modelhub.server.generation import chained, collect, gathered
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
 from modelhub.server.requests import read_model_request
 from modelhub.server.responses_reply import Reply, Streamer, whole_reply
 from modelhub.server.responses_request import chat_request, input_items
 from modelhub.server.responses_store import ResponseStore, StoredResponse
-from modelhub.server.routes_openai import chat_setup, completion_events
 from modelhub.server.state import get_state
 
 router = APIRouter()
@@ -60,13 +60,8 @@ async def responses(request: Request) -> Response:
             await asyncio.to_thread(store.put, StoredResponse(response, items, context))
 
     if not req.stream:
-        whole, result = ReplyPart(), {}
-        async for ev in chained(head, events):
-            if ev.get("event") == "token":
-                whole.add(setup.parse(str(ev.get("text", ""))))
-            elif ev.get("event") == "done":
-                result = ev["result"]
-        whole.add(setup.finish())
+        whole = ReplyPart()
+        result = await gathered(chained(head, events), setup, whole.add)
         whole_reply(reply, whole)
         body = reply.response("completed", result)
         await save(body)

@@ -1,0 +1,295 @@
+"""OpenAI's completion routes: ``POST /v1/chat/completions`` and ``POST /v1/completions``.
+
+Both run through ``server/completion_request.py`` (a chat body rendered by ``chat_setup``, a
+text prompt by the model's generate template) and answer as OpenAI does, whole or as SSE
+chunks. Defaults follow the OpenAI API (temperature and top_p 1.0, no streaming unless asked).
+Usage reports speculative decoding as OpenAI does for Predicted Outputs:
+``completion_tokens_details.accepted_prediction_tokens`` / ``rejected_prediction_tokens``, and
+llama-server's ``timings`` carry the draft counters. Errors use OpenAI's shape
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from modelhub.errors import InputError, ModelhubError
+from modelhub.library.views import ModelView
+from modelhub.replies.reply import ReplyPart
+from modelhub.runtime.planning import keep_alive_seconds
+from modelhub.server import logprobs, schemas
+from modelhub.server.completion_request import (
+    Setup,
+    chat_setup,
+    completion_events,
+    ollama_format,
+    ollama_options,
+)
+from modelhub.server.errors import error_body
+from modelhub.server.generation import chained, collect, fitted_prompt
+from modelhub.server.jsonbody import JSONResponse, sse
+from modelhub.server.lookup import find_model
+from modelhub.server.prompts import generate_prompt
+from modelhub.server.reply_options import request_grammar
+from modelhub.server.requests import field, read_model_request
+from modelhub.server.state import ServerState, get_state
+from modelhub.server.truncation import ChatFit
+
+router = APIRouter()
+
+Event = dict[str, Any]
+
+
+@router.post("/v1/chat/completions", openapi_extra=schemas.OPENAI_CHAT)
+async def chat_completions(request: Request) -> Response:
+    return await _run(request, chat=True)
+
+
+@router.post("/v1/completions", openapi_extra=schemas.OPENAI_COMPLETION)
+async def completions(request: Request) -> Response:
+    return await _run(request, chat=False)
+
+
+async def _run(request: Request, chat: bool) -> Response:
+    started = time.monotonic_ns()
+    state = get_state(request)
+    req = await read_model_request(request, stream_default=False, alias=False)
+    data = req.data
+    view = await find_model(state, req.model)
+    if chat:
+        setup = chat_setup(state, view, data)
+    else:
+        suffix = field(data, "suffix", str, "")
+        text = generate_prompt(state, view, _completion_prompt(data), suffix=suffix)
+        grammar = request_grammar(data, ollama_format(data), format_field="response_format")
+        setup = Setup(text, grammar, None, None, logprobs.completion_requested(data))
+    usage_wanted = bool(field(data, "stream_options", dict, {}).get("include_usage"))
+    c = _Completion(chat, req.model, req.stream, usage_wanted, setup)
+    if setup.fit is not None and field(data, "_debug_render_only", bool, False):
+        return await _rendered_only(state, view, data, c, setup.fit)
+    events = completion_events(state, data, setup, view, started)
+    # Up to the first token (or everything, unstreamed): errors keep their status.
+    head = await collect(events, request, first_token_only=c.stream)
+
+    if not c.stream:
+        return await _unstreamed(c, chained(head, events))
+    return StreamingResponse(_streamed(c, chained(head, events)), media_type="text/event-stream")
+
+
+async def _rendered_only(
+    state: ServerState, view: ModelView, data: dict[str, Any], c: _Completion, fit: ChatFit
+) -> Response:
+    """Ollama's ``_debug_render_only`` (as its /v1 answers it): an empty completion whose
+    ``_debug_info.rendered_template`` is the prompt the model would be given, after
+    truncation; nothing is generated (the model is loaded: its tokenizer counts)."""
+    p = state.plan(view, ollama_options(data))
+    text = await fitted_prompt(state, p, keep_alive_seconds(data.get("keep_alive")), fit)
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": ""},
+        "finish_reason": "stop",
+        "logprobs": None,
+    }
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    body = c.envelope(False, choices=[choice], usage=usage)
+    return JSONResponse({**body, "_debug_info": {"rendered_template": text}})
+
+
+def _completion_prompt(data: dict[str, Any]) -> str:
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise InputError("prompt must be a string")
+    return prompt
+
+
+@dataclass(frozen=True)
+class _Completion:
+    """One read and rendered /v1 completion request: what every reply object repeats."""
+
+    chat: bool
+    model: str
+    stream: bool
+    include_usage: bool
+    setup: Setup  # the rendered request
+    ident: str = dataclasses.field(default_factory=lambda: secrets.token_hex(6))
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives per token; None: no log-probabilities."""
+        return self.setup.top
+
+    def parse(self, text: str) -> ReplyPart:
+        return self.setup.parse(text)
+
+    def finish(self) -> ReplyPart:
+        return self.setup.finish()
+
+    def envelope(self, chunk: bool, **rest: Any) -> dict[str, Any]:
+        if self.chat:
+            kind = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            kind = "text_completion"
+        return {
+            "id": ("chatcmpl-" if self.chat else "cmpl-") + self.ident,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_modelhub",
+            **rest,
+        }
+
+
+def _message(part: ReplyPart, delta: bool) -> dict[str, Any]:
+    """A chat ``message`` (or stream ``delta``) with reasoning and tool calls."""
+    out: dict[str, Any] = {}
+    if part.content or not delta:
+        out["content"] = part.content if part.content or not part.calls else None
+    if part.thinking:  # both names clients read: Ollama's (and vLLM's) and DeepSeek's
+        out["reasoning"] = out["reasoning_content"] = part.thinking
+    if part.calls:
+        if delta:  # streamed calls carry their index (the SDKs assemble them by it)
+            out["tool_calls"] = [{"index": c.index, **c.openai()} for c in part.calls]
+        else:
+            out["tool_calls"] = [c.openai() for c in part.calls]
+    return out
+
+
+async def _unstreamed(c: _Completion, events: AsyncIterator[Event]) -> Response:
+    whole = ReplyPart()
+    result: dict[str, Any] = {}
+    raws: list[dict[str, Any]] = []
+    async for ev in events:
+        if ev.get("event") == "token":
+            whole.add(c.parse(str(ev.get("text", ""))))
+            if ev.get("logprob") is not None:
+                raws.append(ev["logprob"])
+        elif ev.get("event") == "done":
+            result = ev["result"]
+    whole.add(c.finish())
+    text = whole.content
+    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(result, bool(whole.calls))}
+    if c.chat:
+        choice["message"] = {"role": "assistant", **_message(whole, delta=False)}
+    else:
+        choice["text"] = text
+    choice["logprobs"] = _logprobs(c, raws, 0)
+    body = c.envelope(False, choices=[choice], usage=_usage(result), timings=_timings(result))
+    return JSONResponse(body)
+
+
+def _logprobs(c: _Completion, raws: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
+    """A choice's ``logprobs``: chat's ``content`` list, or the legacy arrays (text offsets
+    counted from ``offset``)."""
+    if c.logprobs is None:
+        return None
+    if c.chat:
+        return {"content": [logprobs.entry(r) for r in raws], "refusal": None}
+    return logprobs.completion_block(raws, offset)
+
+
+def _chunk(
+    c: _Completion,
+    part: ReplyPart | None,
+    finish: str | None,
+    first: bool,
+    raws: list[dict[str, Any]] | None = None,
+    offset: int = 0,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if raws:
+        choice["logprobs"] = _logprobs(c, raws, offset)
+    if c.chat:
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if part is not None:
+            delta.update(_message(part, delta=True))
+        choice["delta"] = delta
+    else:
+        choice["text"] = part.content if part is not None else ""
+    return c.envelope(True, choices=[choice])
+
+
+async def _streamed(c: _Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+    first = True
+    called = False
+    raws: list[dict[str, Any]] = []  # log-probabilities of tokens whose text is held back
+    offset = 0  # legacy completions: where the next token's text starts
+    try:
+        async for ev in events:
+            if ev.get("event") == "token":
+                if ev.get("logprob") is not None:
+                    raws.append(ev["logprob"])
+                part = c.parse(str(ev.get("text", "")))
+                if not part:
+                    continue  # nothing to show yet (a marker or stop may be starting)
+                called = called or bool(part.calls)
+                yield _sse(_chunk(c, part, None, first, raws, offset))
+                offset += sum(len(r["token"]) for r in raws)
+                raws, first = [], False
+            elif ev.get("event") == "done":
+                result = ev["result"]
+                part = c.finish()
+                if part or raws:
+                    called = called or bool(part.calls)
+                    yield _sse(_chunk(c, part, None, first, raws, offset))
+                    first = False
+                last = _chunk(c, None, _finish(result, called), first)
+                yield _sse({**last, "timings": _timings(result)})
+                if c.include_usage:
+                    yield _sse(c.envelope(True, choices=[], usage=_usage(result)))
+    except ModelhubError as exc:
+        yield _sse(error_body(exc, "openai"))
+    yield b"data: [DONE]\n\n"
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return sse(obj)
+
+
+def _usage(result: dict[str, Any]) -> dict[str, Any]:
+    prompt = int(result.get("prompt_tokens") or result.get("prompt_eval_count") or 0)
+    completion = int(result.get("eval_count") or 0)
+    proposed = int(result.get("draft_count") or 0)
+    accepted = int(result.get("draft_accepted_count") or 0)
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": proposed - accepted,
+        },
+    }
+    return usage
+
+
+def _timings(result: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``timings`` object (milliseconds), with its draft counters."""
+    prompt_ns = int(result.get("prompt_eval_duration_ns") or 0)
+    eval_ns = int(result.get("eval_duration_ns") or 0)
+    predicted = int(result.get("eval_count") or 0)
+    return {
+        "prompt_n": int(result.get("prompt_eval_count") or 0),
+        "prompt_ms": prompt_ns / 1e6,
+        "predicted_n": predicted,
+        "predicted_ms": eval_ns / 1e6,
+        "predicted_per_second": predicted / (eval_ns / 1e9) if eval_ns > 0 else 0.0,
+        "draft_n": int(result.get("draft_count") or 0),
+        "draft_n_accepted": int(result.get("draft_accepted_count") or 0),
+    }
+
+
+def _finish(result: dict[str, Any], called: bool = False) -> str:
+    if called:
+        return "tool_calls"
+    return "length" if result.get("done_reason") == "length" else "stop"
