@@ -1,13 +1,19 @@
 """The web page (issue 25) in a real headless Chromium (Debian's package, driven by Playwright for
 Python), against a real daemon serving SmolLM2: streaming with drafted tokens shaded, compare,
-pull with progress, a Modelfile error at its line, model text that looks like HTML, and a page of
-another origin that tries to drive the API. Each test saves a screenshot in its tmp dir.
+pull with progress, a Modelfile error at its line, model text that looks like HTML, a page of
+another origin that tries to drive the API, an image dropped on a model with vision (SmolLM2 with
+the synthetic projector of ``tests/fixtures/synthetic_projector.py``) and on one without,
+thinking shown collapsed and a tool call shown as such (SmolLM2 with the reasoning and tool
+templates of ``tests/test_serving_replies.py``, led by their few-shot histories). Each test saves
+a screenshot in its tmp dir.
 
 Skipped, with the reason, only where Playwright or the system Chromium is missing (``.ci/run``
 installs Chromium where apt-get can)."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import shutil
 import time
@@ -16,11 +22,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+from PIL import Image
 
 from devtools.daemons import Daemon, start_daemon
 from devtools.pullservers import MEDIA_MODEL, Fault, RegistryServer, sha256
-from devtools.realmodels import smollm2_q4_1
+from devtools.realmodels import smollm2_q4_1, smollm2_q8_0
+from tests.fixtures.synthetic_projector import write_projector
+from tests.test_serving_replies import (
+    THINK_FEWSHOT,
+    THINK_TEMPLATE,
+    TOOLS_TEMPLATE,
+    WEATHER,
+    _native_fewshot,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -36,6 +52,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 MODEL = "ui-smol:latest"
+VISION = "ui-vision:latest"  # SmolLM2 Q4_1 + the synthetic projector
+THINKER = "ui-thinker:latest"  # SmolLM2 Q8_0, a template that reasons in <think> markers
+TOOLY = "ui-tooly:latest"  # SmolLM2 Q8_0, a template that advertises tools
 # A prompt whose answer copies what the model has just read: n-gram drafting accepts.
 EDIT = (
     "Copy this text exactly, word for word:\n"
@@ -54,6 +73,14 @@ WATCH_PROGRESS = """() => {
   }).observe(status, {childList: true, characterData: true, subtree: true});
 }"""
 HOSTILE = '<img src=x onerror="window.__pwned=1"> and <script>window.__pwned=2</script>'
+# A drop as a user makes it: a DataTransfer holding a File, as the browser builds for a drag
+# from the desktop; Playwright dispatches dragover and drop with it.
+DATA_TRANSFER = """([b64, name, type]) => {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const dt = new DataTransfer();
+  dt.items.add(new File([bytes], name, {type}));
+  return dt;
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +108,25 @@ def served(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Daemon:
     return daemon
 
 
+@pytest.fixture(scope="module")
+def replies(served: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Daemon:
+    """Models for images, reasoning and tools (module scope: created before any page loads its
+    model list)."""
+    base = tmp_path_factory.mktemp("ui-replies")
+    proj = write_projector(base / "mmproj-smol.gguf")
+    head = f"FROM {smollm2_q8_0()}\nPARAMETER num_ctx 2048\nPARAMETER num_parallel 1\n"
+    for name, body in (
+        (VISION, f"FROM {smollm2_q4_1()}\nFROM {proj}\nPARAMETER num_ctx 1024\n"),
+        (THINKER, f'{head}TEMPLATE """{THINK_TEMPLATE}"""\n'),
+        (TOOLY, f'{head}TEMPLATE """{TOOLS_TEMPLATE}"""\n'),
+    ):
+        mf = base / f"{name.split(':')[0]}.Modelfile"
+        mf.write_text(body)
+        r = served.cli("create", name, "-f", str(mf))
+        assert r.returncode == 0, r.stderr
+    return served
+
+
 @pytest.fixture
 def page(browser: Any, served: Daemon, tmp_path: Path) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1200, "height": 800})
@@ -95,24 +141,61 @@ def page(browser: Any, served: Daemon, tmp_path: Path) -> Iterator[Any]:
     assert not errors, errors
 
 
+def expect(locator: Any) -> Any:
+    """Playwright's retrying assertions (imported here: the module imports without Playwright,
+    so that the browser fixture can skip with its reason)."""
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(locator)
+
+
 def shot(page: Any, tmp_path: Path, name: str) -> None:
     page.screenshot(path=str(tmp_path / f"{name}.png"))
 
 
-def ask(page: Any, text: str, **options: str) -> None:
-    page.select_option("#model", MODEL)
+def ask(page: Any, text: str, model: str = MODEL, tools: str = "", **options: str) -> None:
+    page.select_option("#model", model)
     page.click("#settings summary")
     for key, value in options.items():
         page.fill(f"#opt-{key}", value)
+    if tools:
+        page.fill("#tools", tools)
+    page.click("#settings summary")  # closed again: the conversation in view
     page.fill("#prompt", text)
     page.click("#send")
+
+
+def restore(page: Any, chat: dict[str, Any]) -> None:
+    """Put a conversation where the page keeps them (localStorage) and load it."""
+    page.evaluate("c => localStorage.setItem('modelhub.chats', JSON.stringify([c]))", chat)
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']")
+
+
+def stored_messages(page: Any) -> list[dict[str, Any]]:
+    chats = json.loads(page.evaluate("localStorage.getItem('modelhub.chats')"))
+    return list(chats[0]["messages"])
+
+
+def png(seed: int, size: tuple[int, int] = (40, 48)) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def drop(page: Any, b64: str, name: str, type_: str = "image/png") -> None:
+    data = page.evaluate_handle(DATA_TRANSFER, [b64, name, type_])
+    page.dispatch_event("#messages", "dragover", {"dataTransfer": data})
+    page.dispatch_event("#messages", "drop", {"dataTransfer": data})
 
 
 def test_chat_streams_drafted_tokens_shaded_and_compare_shows_identical_texts(
     page: Any, tmp_path: Path
 ) -> None:
     ask(page, EDIT, temperature="0", num_predict="48")
-    page.wait_for_selector("#messages .message.assistant .content .drafted")
+    # The first reply of the module loads the model: on a busy 2-core machine that takes a while.
+    page.wait_for_selector("#messages .message.assistant .content .drafted", timeout=120_000)
     page.wait_for_selector("#send:not([disabled])", timeout=120_000)  # the reply is complete
     shot(page, tmp_path, "chat")
     acceptance = page.text_content("#spec-acceptance") or ""
@@ -200,9 +283,7 @@ def test_model_text_that_looks_like_html_renders_as_text(
             {"role": "assistant", "content": f"Here: {HOSTILE}\n\n```html\n{HOSTILE}\n```"},
         ],
     }
-    page.evaluate("c => localStorage.setItem('modelhub.chats', JSON.stringify([c]))", chat)
-    page.reload()
-    page.wait_for_selector("body[data-ready='1']")
+    restore(page, chat)
     ask(page, f"Repeat this: {HOSTILE}", temperature="0", num_predict="16")
     page.wait_for_selector("#send:not([disabled])", timeout=120_000)
     page.wait_for_selector("#messages .message.assistant >> nth=1")
@@ -276,3 +357,139 @@ def test_the_page_is_off_with_modelhub_ui_0_and_curl_still_reads_modelhub_is_run
     index = (WEB_DIR / "index.html").read_text()
     assert "<script>" not in index and "style=" not in index and "<style" not in index
     assert all(" on" not in tag.split(">")[0] for tag in index.split("<")[1:] if "=" in tag)
+
+
+def test_an_image_dropped_on_a_vision_model_goes_with_the_message_and_reaches_the_model(
+    replies: Daemon, page: Any, tmp_path: Path
+) -> None:
+    """A PNG dropped on the chat of ``ui-vision``: a thumbnail waits in the composer, goes out
+    as the message's base64 ``images`` and shows in the sent message; the streamed reply is the
+    one the API gives for that image (greedy), not the one it gives without it or with another
+    image."""
+    image = png(1)
+    page.select_option("#model", VISION)
+    expect(page.locator("#drop-hint")).to_have_text("drop images here to attach them")
+    drop(page, image, "photo.png")
+    page.wait_for_selector("#attachments img")
+    sent: list[Any] = []
+    page.on("request", lambda r: sent.append(r) if r.url.endswith("/api/chat") else None)
+    question = "What is in this picture?"
+    ask(page, question, model=VISION, temperature="0", num_predict="16")
+    page.wait_for_selector("#send:not([disabled])", timeout=120_000)
+    shot(page, tmp_path, "image")
+
+    assert page.locator("#attachments img").count() == 0  # it went with the message
+    thumb = page.locator("#messages .message.user .thumbs img")
+    assert thumb.count() == 1
+    assert thumb.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [40, 48]
+    assert thumb.get_attribute("src") == f"data:image/png;base64,{image}"
+    (request,) = sent
+    body = json.loads(request.post_data)
+    assert body["messages"] == [{"role": "user", "content": question, "images": [image]}]
+    reply = stored_messages(page)[-1]
+    assert reply["role"] == "assistant" and reply["content"] and "error" not in reply
+
+    def api(images: list[str]) -> str:
+        message = {"role": "user", "content": question, "images": images}
+        with replies.client(timeout=300) as c:
+            r = c.post(
+                "/api/chat",
+                json={
+                    "model": VISION,
+                    "messages": [message] if images else [{"role": "user", "content": question}],
+                    "stream": False,
+                    "options": {"temperature": 0, "num_predict": 16},
+                },
+            )
+        assert r.status_code == 200, r.text
+        return str(r.json()["message"]["content"])
+
+    assert reply["content"] == api([image])
+    assert reply["content"] != api([])
+    assert reply["content"] != api([png(2)])
+
+
+def test_a_model_without_vision_refuses_a_dropped_image_with_a_message(
+    page: Any, tmp_path: Path
+) -> None:
+    page.select_option("#model", MODEL)
+    drop(page, png(1), "photo.png")
+    refusal = f"{MODEL} cannot read images (it has no vision projector): nothing was attached"
+    expect(page.locator("#status")).to_have_text(refusal)
+    shot(page, tmp_path, "image-refused")
+    assert page.text_content("#drop-hint") == ""  # no invitation to drop
+    assert page.locator("#attachments img").count() == 0
+
+
+def test_a_file_that_is_not_an_image_is_not_attached(
+    replies: Daemon, page: Any, tmp_path: Path
+) -> None:
+    page.select_option("#model", VISION)
+    drop(page, base64.b64encode(b"just text").decode(), "notes.txt", "text/plain")
+    expect(page.locator("#status")).to_have_text("not an image, not attached: notes.txt")
+    assert page.locator("#attachments img").count() == 0
+
+
+def test_thinking_is_shown_collapsed_under_the_reply(
+    replies: Daemon, page: Any, tmp_path: Path
+) -> None:
+    """``ui-thinker`` after the few-shot history (restored from localStorage, whose assistant
+    turns carry ``thinking``, sent back with them) reasons before it answers; the page shows the
+    reasoning in a closed <details>, the answer under it."""
+    restore(
+        page, {"id": "t", "title": "thinking", "model": THINKER, "messages": THINK_FEWSHOT[:-1]}
+    )
+    sent: list[Any] = []
+    page.on("request", lambda r: sent.append(r) if r.url.endswith("/api/chat") else None)
+    ask(page, THINK_FEWSHOT[-1]["content"], model=THINKER, temperature="0", num_predict="48")
+    page.wait_for_selector("#send:not([disabled])", timeout=120_000)
+    shot(page, tmp_path, "thinking-collapsed")
+
+    assert json.loads(sent[0].post_data)["messages"] == THINK_FEWSHOT  # thinking went back
+    last = page.locator("#messages .message.assistant").last
+    details = last.locator("details.thinking")
+    assert details.count() == 1 and details.get_attribute("open") is None
+    assert not last.locator(".thinking-text").is_visible()
+    assert last.locator(".thinking-text").text_content() == "Three plus five is eight."
+    assert (last.locator(".content").text_content() or "").strip() == "8"
+    reply = stored_messages(page)[-1]
+    assert (reply["thinking"], reply["content"]) == ("Three plus five is eight.", "8")
+
+    last.locator("details.thinking summary").click()
+    assert last.locator(".thinking-text").is_visible()
+    shot(page, tmp_path, "thinking-open")
+
+
+def test_a_tool_call_is_shown_as_such(replies: Daemon, page: Any, tmp_path: Path) -> None:
+    """``ui-tooly`` with the weather tool in the options and the few-shot history of calls
+    (restored from localStorage, sent back as ``tool_calls``): the model calls the tool; the
+    page shows a tool-call badge with the function and its arguments, not the raw markup."""
+    restore(page, {"id": "c", "title": "tools", "model": TOOLY, "messages": _native_fewshot()})
+    sent: list[Any] = []
+    page.on("request", lambda r: sent.append(r) if r.url.endswith("/api/chat") else None)
+    tools = json.dumps([WEATHER])
+    ask(
+        page,
+        "What is the weather in Paris?",
+        model=TOOLY,
+        tools=tools,
+        temperature="0",
+        num_predict="48",
+    )
+    page.wait_for_selector("#send:not([disabled])", timeout=120_000)
+    shot(page, tmp_path, "tool-call")
+
+    body = json.loads(sent[0].post_data)
+    assert body["tools"] == [WEATHER]
+    assert [m.get("tool_calls") for m in body["messages"][:4]] == [
+        m.get("tool_calls") for m in _native_fewshot()
+    ]
+    last = page.locator("#messages .message.assistant").last
+    call = last.locator(".tool-call")
+    assert call.count() == 1
+    assert call.locator(".badge").text_content() == "tool call"
+    assert call.locator("code").text_content() == 'get_weather({"city":"Paris"})'
+    assert "<tool_call>" not in (last.locator(".content").text_content() or "")
+    reply = stored_messages(page)[-1]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in reply["tool_calls"]]
+    assert calls == [("get_weather", {"city": "Paris"})]

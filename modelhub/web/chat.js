@@ -1,7 +1,7 @@
 // The chat: conversations (kept in this browser's localStorage only), streaming, stop,
 // edit-and-resend, thinking, tool calls, images, and the speculative-decoding panel.
 
-import { el, stream } from "./api.js";
+import { api, el, stream } from "./api.js";
 import { draftMask, renderMarkdown } from "./render.js";
 import { LiveStats, compare, showFinal, showLive } from "./spec.js";
 
@@ -38,9 +38,30 @@ export function setStatus(text) {
   $("status").textContent = text || "";
 }
 
+// A model's capabilities as /api/show reports them (/api/tags leaves out `vision`, which comes
+// from the projector), fetched once per model name and digest.
+const shown = new Map();
+const known = new Map();
+
 function capabilities(name) {
   const m = state.models.find((x) => x.name === name);
-  return (m && m.capabilities) || [];
+  if (!m) return Promise.resolve([]);
+  const key = `${m.name}@${m.digest}`;
+  if (!shown.has(key)) {
+    shown.set(key, api("/api/show", { model: m.name }).then((info) => {
+      known.set(key, info.capabilities || []);
+      return known.get(key);
+    }, () => {
+      shown.delete(key);
+      return m.capabilities || [];
+    }));
+  }
+  return shown.get(key);
+}
+
+function knownCapabilities(name) {
+  const m = state.models.find((x) => x.name === name);
+  return (m && known.get(`${m.name}@${m.digest}`)) || null;
 }
 
 // --- the page ------------------------------------------------------------------------------
@@ -86,6 +107,7 @@ function draw() {
     } }, "×"))));
   const chat = state.current;
   if (chat.model && [...$("model").options].some((o) => o.value === chat.model)) $("model").value = chat.model;
+  dropHint();
   $("system").value = chat.system || "";
   const box = $("messages");
   box.replaceChildren(...chat.messages.map((m, i) => messageNode(m, i)));
@@ -115,7 +137,7 @@ function messageNode(m, index) {
   }
   if (m.images && m.images.length) {
     node.append(el("div", { className: "thumbs" },
-      ...m.images.map((b64) => el("img", { src: `data:image/*;base64,${b64}`, alt: "attached image" }))));
+      ...m.images.map((b64) => el("img", { src: imageSrc(b64), alt: "attached image" }))));
   }
   if (m.error) node.append(el("div", { className: "error" }, m.error));
   if (m.role === "user") {
@@ -141,33 +163,56 @@ function editMessage(node, index) {
 
 // --- images --------------------------------------------------------------------------------
 
-function dropHint() {
-  const vision = capabilities($("model").value).includes("vision");
-  $("drop-hint").textContent = vision ? "drop images here to attach them" : "";
+// The type of an image from its first bytes (the base64 of the signatures of the formats
+// libmtmd reads), so that a thumbnail's data: URL names it.
+const SIGNATURES = [["iVBORw0KGgo", "image/png"], ["/9j/", "image/jpeg"], ["R0lGOD", "image/gif"],
+  ["UklGR", "image/webp"], ["Qk", "image/bmp"]];
+
+function imageSrc(b64) {
+  const known = SIGNATURES.find(([head]) => b64.startsWith(head));
+  return `data:${known ? known[1] : "application/octet-stream"};base64,${b64}`;
 }
 
-function onDrop(e) {
+async function dropHint() {
+  const model = $("model").value;
+  const vision = (await capabilities(model)).includes("vision");
+  if ($("model").value === model) $("drop-hint").textContent = vision ? "drop images here to attach them" : "";
+}
+
+async function onDrop(e) {
   if (!e.dataTransfer || ![...e.dataTransfer.types].includes("Files")) return;
   e.preventDefault();
-  if (e.type !== "drop") return;
-  if (!capabilities($("model").value).includes("vision")) {
-    setStatus(`${$("model").value} cannot read images`);
+  const model = $("model").value;
+  if (e.type === "dragover") {
+    const caps = knownCapabilities(model);
+    if (caps) e.dataTransfer.dropEffect = caps.includes("vision") ? "copy" : "none";
     return;
   }
-  for (const file of e.dataTransfer.files) {
-    if (!file.type.startsWith("image/")) continue;
+  const files = [...e.dataTransfer.files]; // readable only while the event is dispatched
+  if (!(await capabilities(model)).includes("vision")) {
+    setStatus(`${model} cannot read images (it has no vision projector): nothing was attached`);
+    return;
+  }
+  const skipped = [];
+  for (const file of files) {
+    if (!file.type.startsWith("image/")) {
+      skipped.push(file.name);
+      continue;
+    }
     const reader = new FileReader();
     reader.onload = () => {
       state.images.push(String(reader.result).split(",", 2)[1]);
       drawAttachments();
     };
+    reader.onerror = () => setStatus(`could not read ${file.name}`);
     reader.readAsDataURL(file);
   }
+  setStatus(skipped.length ? `not an image, not attached: ${skipped.join(", ")}` : "");
 }
 
 function drawAttachments() {
   $("attachments").replaceChildren(...state.images.map((b64, i) => el("span", { className: "thumb" },
-    el("img", { src: `data:image/*;base64,${b64}`, alt: "image to send" }),
+    el("img", { src: imageSrc(b64), alt: "image to send" }),
     el("button", { className: "icon", onclick: () => { state.images.splice(i, 1); drawAttachments(); } }, "×"))));
 }
 
@@ -205,6 +250,7 @@ function requestBody(chat) {
   for (const m of chat.messages) {
     const out = { role: m.role, content: m.content || "" };
     if (m.images) out.images = m.images;
+    if (m.thinking) out.thinking = m.thinking;
     if (m.tool_calls) out.tool_calls = m.tool_calls;
     messages.push(out);
   }
@@ -239,7 +285,10 @@ async function generate() {
     pending = false;
     const box = $("messages");
     if (state.current === chat && box.lastElementChild) {
-      box.lastElementChild.replaceWith(messageNode(reply, index));
+      const open = box.lastElementChild.querySelector("details.thinking[open]");
+      const node = messageNode(reply, index);
+      if (open) node.querySelector("details.thinking").open = true;
+      box.lastElementChild.replaceWith(node);
       box.scrollTop = box.scrollHeight;
     }
     if (!live.stopped) showLive(live);
