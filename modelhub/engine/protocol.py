@@ -92,6 +92,12 @@ class ImagePixels(Message):
     rgb: str  # base64 of width * height * 3 bytes
 
 
+class AudioClip(Message):
+    audio: str  # base64 of a WAV or MP3 file, checked by the daemon (server/audio.py)
+    frames: int  # its length at sample_rate, for counting
+    sample_rate: int
+
+
 class Load(Message):
     op: Literal["load"] = "load"
     config: dict[str, Any]  # EngineConfig's fields (the runner refuses others)
@@ -106,7 +112,7 @@ class Generate(Message):
     prediction: str | None = None
     grammar: str | None = None
     image_marker: str | None = None  # a regex with one group: the image's index
-    images: dict[str, ImagePixels] | None = None
+    images: dict[str, ImagePixels | AudioClip] | None = None  # audio clips share the markers
 
 
 class Embed(Message):
@@ -129,6 +135,7 @@ class Count(Message):
     add_special: bool = True
     image_marker: str | None = None
     image_sizes: dict[str, tuple[int, int]] | None = None
+    audio_frames: dict[str, tuple[int, int]] | None = None  # [frames, sample_rate] by index
 
 
 class Drafting(Message):

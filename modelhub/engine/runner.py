@@ -8,11 +8,13 @@ daemon -> runner
   {"op": "generate", "id": "...", "prompt": "text", "context": [ids] | null,
    "options": {GenerateOptions fields}, "prediction": "text" | null, "grammar": GBNF | null,
    "image_marker": "regex with one group, the image's index" | absent,
-   "images": {"index": {"width": n, "height": n, "rgb": base64}} | absent}
+   "images": {"index": {"width": n, "height": n, "rgb": base64}
+              | {"audio": base64 WAV/MP3, "frames": n, "sample_rate": n}} | absent}
   {"op": "embed", "id": "...", "texts": ["..."]}
   {"op": "tokenize", "id": "...", "text": "...", "add_special": true}
   {"op": "count", "id": "...", "texts": ["..."], "add_special": true,
-   "image_marker": "regex" | absent, "image_sizes": {"index": [width, height]} | absent}
+   "image_marker": "regex" | absent, "image_sizes": {"index": [width, height]} | absent,
+   "audio_frames": {"index": [frames, sample_rate]} | absent}
                                               (token counts; an image counts its positions)
   {"op": "drafting", "id": "..."}             (what drafting measured: ``Engine.drafting_report``)
   {"op": "cancel", "id": "..."}

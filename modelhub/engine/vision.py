@@ -11,6 +11,9 @@ and a reuse point never falls inside an image.
 Encoding runs on the runner's request thread (before the request joins the batch); the spans
 are evaluated on the batch thread, one ``llama_decode`` of embeddings per image, just before
 the text that follows them (``sequence.Generation``'s prefill).
+
+Audio clips take the same path (``engine.audio``): a projector with an audio encoder turns a
+clip into audio chunks, each one span of embeddings like an image's.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from llama_cpp import mtmd_cpp as mtmd
 
+from modelhub.engine.audio import RawAudio, audio_bitmap, samples_at
 from modelhub.engine.context import LlamaContext
 from modelhub.engine.llama import LlamaModel
 from modelhub.engine.native import native_log_mark, native_messages_since
@@ -96,24 +100,46 @@ class Projector:
                 f"projector {path.name} uses M-RoPE positions (Qwen-VL family): "
                 "not supported by this engine yet"
             )
-        if not mtmd.mtmd_support_vision(handle):
+        self.vision = bool(mtmd.mtmd_support_vision(handle))
+        self.audio = bool(mtmd.mtmd_support_audio(handle))
+        if not (self.vision or self.audio):
             self.close()
-            raise InputError(f"projector {path.name} has no vision encoder")
+            raise InputError(f"projector {path.name} has no vision or audio encoder")
+        self.sample_rate = int(mtmd.mtmd_get_audio_sample_rate(handle)) if self.audio else 0
         # any id the tokenizer has: what drafters and samplers see at image positions
         self.placeholder = model.bos if 0 <= model.bos < model.n_vocab else 0
         self._sizes: dict[tuple[int, int], int] = {}  # image_tokens by image size
+        self._clips: dict[int, int] = {}  # audio_tokens by samples at the encoder's rate
 
-    def encode(self, image: RawImage) -> list[list[int] | ImageSpan]:
-        """The pieces ``image`` becomes: token lists (a projector's begin/end-of-image
-        tokens, if it has any) and one image span (``start`` 0: placed by the caller)."""
-        if len(image.rgb) != image.width * image.height * 3:
-            raise InputError("image pixels do not match its size")
-        digest = hashlib.sha256(f"{image.width}x{image.height}:".encode() + image.rgb).hexdigest()
-        with self._chunks(image) as chunks:
+    def encode(self, media: RawImage | RawAudio) -> list[list[int] | ImageSpan]:
+        """The pieces an image or a clip becomes: token lists (a projector's begin/end
+        tokens, if it has any) and its spans (``start`` 0: placed by the caller): one for an
+        image, one for each of the audio encoder's windows for a clip."""
+        if isinstance(media, RawAudio):
+            digest = media.digest
+        else:
+            if len(media.rgb) != media.width * media.height * 3:
+                raise InputError("image pixels do not match its size")
+            size = f"{media.width}x{media.height}:".encode()
+            digest = hashlib.sha256(size + media.rgb).hexdigest()
+        with self._chunks(media) as chunks:
             return [
                 self._piece(mtmd.mtmd_input_chunks_get(chunks, i), digest)
                 for i in range(mtmd.mtmd_input_chunks_size(chunks))
             ]
+
+    def audio_tokens(self, frames: int, rate: int) -> int:
+        """The positions a clip of ``frames`` at ``rate`` takes in a prompt, without encoding
+        it (a silent clip of that length is cut into the encoder's windows)."""
+        if not self.audio:
+            raise InputError("this model's projector has no audio encoder")
+        n = samples_at(frames, rate, self.sample_rate)
+        if n not in self._clips:
+            if len(self._clips) > 256:
+                self._clips.clear()
+            with self._chunks(RawAudio(blank=n)) as chunks:
+                self._clips[n] = _positions(chunks)
+        return self._clips[n]
 
     def image_tokens(self, width: int, height: int) -> int:
         """The positions an image of this size takes in a prompt (its image tokens and the
@@ -122,29 +148,37 @@ class Projector:
         if key not in self._sizes:
             blank = RawImage(width, height, bytes(width * height * 3))
             with self._chunks(blank) as chunks:
-                self._sizes[key] = sum(
-                    int(mtmd.mtmd_input_chunk_get_n_tokens(mtmd.mtmd_input_chunks_get(chunks, i)))
-                    for i in range(mtmd.mtmd_input_chunks_size(chunks))
-                )
+                self._sizes[key] = _positions(chunks)
         return self._sizes[key]
 
+    def _bitmap(self, media: RawImage | RawAudio) -> Any:
+        if isinstance(media, RawAudio):
+            if not self.audio:
+                raise InputError("this model's projector has no audio encoder")
+            return audio_bitmap(self.handle, media)
+        if not self.vision:
+            raise InputError("this model's projector has no vision encoder")
+        if width_height_bad(media.width, media.height):
+            raise InputError(f"an image of {media.width}x{media.height} pixels")
+        buf = (ctypes.c_uint8 * len(media.rgb)).from_buffer_copy(media.rgb)
+        return mtmd.mtmd_bitmap_init(media.width, media.height, buf)
+
     @contextmanager
-    def _chunks(self, image: RawImage) -> Iterator[Any]:
-        """libmtmd's chunks of ``image`` (preprocessed, not encoded), freed afterwards."""
-        if width_height_bad(image.width, image.height):
-            raise InputError(f"an image of {image.width}x{image.height} pixels")
-        buf = (ctypes.c_uint8 * len(image.rgb)).from_buffer_copy(image.rgb)
-        bitmap = mtmd.mtmd_bitmap_init(image.width, image.height, buf)
+    def _chunks(self, media: RawImage | RawAudio) -> Iterator[Any]:
+        """libmtmd's chunks of an image or a clip (preprocessed, not encoded), freed
+        afterwards."""
+        what = "audio clip" if isinstance(media, RawAudio) else "image"
+        bitmap = self._bitmap(media)
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             if not bitmap or not chunks:
-                raise ModelhubError("libmtmd could not allocate an image")
+                raise ModelhubError(f"libmtmd could not allocate an {what}")
             part = mtmd.mtmd_input_part(None, bitmap)
             parts = (ctypes.POINTER(mtmd.mtmd_input_part) * 1)(ctypes.pointer(part))
             mark = native_log_mark()
             if mtmd.mtmd_tokenize_from_parts(self.handle, chunks, parts, 1, False) != 0:
                 raise InputError(
-                    f"the projector cannot take this image: "
+                    f"the projector cannot take this {what}: "
                     f"{native_messages_since(mark) or 'no details'}"
                 )
             yield chunks
@@ -160,11 +194,11 @@ class Projector:
             n = ctypes.c_size_t(0)
             ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
             return [int(ids[i]) for i in range(n.value)]
-        if kind != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-            raise InputError("the projector turned an image into something other than an image")
+        if kind not in (mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE, mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO):
+            raise InputError("the projector made something other than image or audio chunks")
         mark = native_log_mark()
         if mtmd.mtmd_encode_chunk(self.handle, chunk) != 0:
-            raise ModelhubError(f"image encoding failed: {native_messages_since(mark)}")
+            raise ModelhubError(f"encoding failed: {native_messages_since(mark)}")
         n_tokens = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
         out = mtmd.mtmd_get_output_embd(self.handle)
         dim = self.model.n_embd
@@ -178,6 +212,14 @@ class Projector:
             self.handle = None
 
 
+def _positions(chunks: Any) -> int:
+    """The prompt positions of libmtmd's chunks (text, image and audio)."""
+    return sum(
+        int(mtmd.mtmd_input_chunk_get_n_tokens(mtmd.mtmd_input_chunks_get(chunks, i)))
+        for i in range(mtmd.mtmd_input_chunks_size(chunks))
+    )
+
+
 def open_projector(model: LlamaModel, cfg: Any, n_threads: int, devices: Any) -> Projector | None:
     """The configured projector (``EngineConfig.projector_path``), on the GPU when the model
     is offloaded to one."""
@@ -187,13 +229,14 @@ def open_projector(model: LlamaModel, cfg: Any, n_threads: int, devices: Any) ->
 
 
 def build_prompt(
-    projector: Projector, pieces: list[list[int] | RawImage]
+    projector: Projector, pieces: list[list[int] | RawImage | RawAudio]
 ) -> tuple[list[int], list[ImageSpan]]:
-    """Token ids and image spans of a prompt given as text token lists and images."""
+    """Token ids and image (and audio) spans of a prompt given as text token lists, images
+    and audio clips."""
     tokens: list[int] = []
     spans: list[ImageSpan] = []
     for piece in pieces:
-        parts = projector.encode(piece) if isinstance(piece, RawImage) else [piece]
+        parts = projector.encode(piece) if isinstance(piece, RawImage | RawAudio) else [piece]
         for part in parts:
             if isinstance(part, ImageSpan):
                 span = replace(part, start=len(tokens))
@@ -271,17 +314,23 @@ def count_tokens(
 ) -> int:
     """The positions ``text`` takes in a prompt, each match of the count request's
     ``image_marker`` counted as the image of that index takes (``image_sizes``: index ->
-    [width, height]); plain text when the request has no marker or the model no projector."""
+    [width, height]) or the audio clip (``audio_frames``: index -> [frames, sample_rate]);
+    plain text when the request has no marker or the model no projector."""
     marker = str(msg.get("image_marker") or "")
     projector: Projector | None = engine.projector
     if not marker or projector is None:
         return len(engine.tokenize(text, add_special=add_special, cancel=cancel))
     sizes = msg.get("image_sizes") or {}
+    clips = msg.get("audio_frames") or {}
     n = 0
     for i, part in enumerate(re.split(marker, text)):
         if i % 2 == 0:
             if part or i == 0:
                 n += len(engine.tokenize(part, add_special=add_special and i == 0, cancel=cancel))
+            continue
+        clip = clips.get(part)
+        if isinstance(clip, list | tuple) and len(clip) == 2:
+            n += projector.audio_tokens(int(clip[0]), int(clip[1]))
             continue
         size = sizes.get(part)
         if not isinstance(size, list | tuple) or len(size) != 2:
@@ -301,7 +350,7 @@ def prompt_with_images(
     if projector is None:
         raise InputError("this model cannot read images: it has no vision projector")
     images = msg.get("images") or {}
-    pieces: list[list[int] | RawImage] = [list(context)] if context else []
+    pieces: list[list[int] | RawImage | RawAudio] = [list(context)] if context else []
     parts = re.split(str(msg.get("image_marker") or ""), text)
     for i, part in enumerate(parts):
         if i % 2 == 0:
@@ -312,6 +361,9 @@ def prompt_with_images(
         image = images.get(part)
         if not isinstance(image, dict):
             raise InputError(f"image {part} of the prompt was not sent")
+        if "audio" in image:  # an audio clip (``engine.audio``)
+            pieces.append(RawAudio(base64.b64decode(str(image["audio"]))))
+            continue
         rgb = base64.b64decode(str(image.get("rgb") or ""))
         pieces.append(RawImage(int(image["width"]), int(image["height"]), rgb))
     return build_prompt(projector, pieces)

@@ -62,6 +62,31 @@ KNOWN_TYPES = frozenset(
         "hunyuanocr",
         "hunyuanvl",
         "parakeet",
+        "gemma4ua",
+        "granite_speech",
+        "dots3note_a",
+        "mimo_audio",
+    ]
+)
+# the types libmtmd's ``init_audio`` takes audio input with (speech and sound encoders; not the
+# speaker encoders of its text-to-speech models)
+AUDIO_TYPES = frozenset(
+    [
+        "ultravox",
+        "qwen2a",
+        "qwen3a",
+        "glma",
+        "qwen2.5o",
+        "voxtral",
+        "meralion",
+        "musicflamingo",
+        "lfm2a",
+        "gemma4a",
+        "gemma4ua",
+        "granite_speech",
+        "parakeet",
+        "dots3note_a",
+        "mimo_audio",
     ]
 )
 # the types whose positions are M-RoPE (Qwen-VL family): the engine does not place them yet
@@ -81,6 +106,13 @@ def has_vision(info: GGUFInfo) -> bool:
     return bool(info.kv.get("clip.has_vision_encoder"))
 
 
+def has_audio(info: GGUFInfo) -> bool:
+    """An audio encoder of a type libmtmd takes audio input with."""
+    return bool(info.kv.get("clip.has_audio_encoder")) and (
+        projector_type(info, "audio") in AUDIO_TYPES
+    )
+
+
 def output_width(info: GGUFInfo) -> int | None:
     """The width of the embeddings it produces: ``projection_dim`` as converters write it, or
     the last projection matrix's rows (``mm.2.weight`` for LLaVA-style MLPs)."""
@@ -96,11 +128,12 @@ def output_width(info: GGUFInfo) -> int | None:
 
 def check_projector(model: GGUFInfo, projector: GGUFInfo, name: str) -> None:
     """Refuse a projector that cannot serve ``model`` (``name`` is its file, for the error)."""
-    kind = projector_type(projector)
-    if kind is not None and kind not in KNOWN_TYPES:
-        raise InputError(
-            f"projector {name}: projector type {kind!r} is not known to this llama.cpp"
-        )
+    for modality in ("vision", "audio"):
+        kind = projector_type(projector, modality)
+        if kind is not None and kind not in KNOWN_TYPES:
+            raise InputError(
+                f"projector {name}: projector type {kind!r} is not known to this llama.cpp"
+            )
     width = output_width(projector)
     if width is not None and model.embedding_length and width != model.embedding_length:
         raise InputError(
@@ -126,4 +159,4 @@ def capabilities_of(info: GGUFInfo) -> list[str]:
     """``vision`` and/or ``audio``, when this projector can serve them here."""
     if projector_type(info) in MROPE_TYPES:
         return []
-    return ["vision"] if has_vision(info) else []  # audio input is not served yet
+    return [c for c, has in (("vision", has_vision(info)), ("audio", has_audio(info))) if has]

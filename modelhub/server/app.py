@@ -18,6 +18,7 @@ from modelhub.config import Settings
 from modelhub.errors import InputError, ModelhubError, error_for_status
 from modelhub.server.errors import api_of, error_response
 from modelhub.server.metrics import CONTENT_TYPE_LATEST, RequestCounter
+from modelhub.server.routes_audio import router as audio_router
 from modelhub.server.routes_completions import router as completions_router
 from modelhub.server.routes_inference import router as inference_router
 from modelhub.server.routes_info import router as info_router
@@ -65,6 +66,7 @@ def create_app(settings: Settings, state: ServerState | None = None) -> FastAPI:
     app.include_router(models_router)
     app.include_router(inference_router)
     app.include_router(completions_router)
+    app.include_router(audio_router)  # /v1/audio/transcriptions
     app.include_router(openai_router)
     app.include_router(responses_router)
     app.include_router(messages_router)

@@ -21,7 +21,14 @@ from modelhub.replies.reply import ReplyParser, ReplyPart
 from modelhub.runtime.planning import keep_alive_seconds
 from modelhub.server import logprobs
 from modelhub.server.generation import run_on_runner
-from modelhub.server.images import RequestImages, can_see, mark, openai_images, prepare
+from modelhub.server.images import (
+    MEDIA_PART_TYPES,
+    RequestImages,
+    can_see,
+    mark,
+    openai_images,
+    prepare,
+)
 from modelhub.server.prompts import chat_prompt
 from modelhub.server.reply_options import (
     Think,
@@ -169,7 +176,7 @@ def _content_text(content: Any, where: str) -> str:
                 raise InputError(f"{where}: content parts must be objects")
             if part.get("type") == "text":
                 texts.append(str(part.get("text", "")))
-            elif part.get("type") != "image_url":  # images: see _chat_messages
+            elif part.get("type") not in MEDIA_PART_TYPES:  # images, audio: _chat_messages
                 raise InputError(
                     f"{where}: content part type {part.get('type')!r} is not supported"
                 )

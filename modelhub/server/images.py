@@ -13,6 +13,9 @@ longer side is at most ``MAX_SIDE`` (every projector resizes to its own input si
 In the prompt an image is a marker, ``<|image-NONCE-i|>``, put before the text of its message
 (as Ollama puts its ``[img-i]`` tags); the nonce is new for each request, so no text a user
 sends can pass for an image. The runner splits the prompt at the markers (``engine.vision``).
+
+Audio clips ride in the same lists and markers (``server.audio``): an entry that is a WAV or an
+MP3 is read as audio when the model's projector has an audio encoder.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelhub.errors import InputError
+from modelhub.server import audio
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 MAX_PIXELS = 50_000_000  # about 7000 x 7000
@@ -62,22 +66,60 @@ class RequestImages:
         (the projector's tokens for an image of that size): nothing when there is no image."""
         if not self.pixels:
             return {}
-        sizes = {str(i): [p["width"], p["height"]] for i, p in enumerate(self.pixels)}
-        return {"image_marker": self.pattern, "image_sizes": sizes}
+        sizes = {str(i): [p["width"], p["height"]] for i, p in enumerate(self.pixels) if "rgb" in p}
+        clips = {
+            str(i): [p["frames"], p["sample_rate"]]
+            for i, p in enumerate(self.pixels)
+            if "audio" in p
+        }
+        return {"image_marker": self.pattern, "image_sizes": sizes, "audio_frames": clips}
 
 
-def decode_image(data: str, where: str) -> dict[str, Any]:
-    """One base64 image, checked and decoded to RGB (``where`` names it in errors)."""
-    from PIL import Image, ImageFile, UnidentifiedImageError
+@dataclass(frozen=True)
+class Senses:
+    """What a model's projector reads: images (``vision``), audio clips (``audio``)."""
 
+    vision: bool = False
+    audio: bool = False
+
+    def __bool__(self) -> bool:
+        return self.vision or self.audio
+
+
+def media_bytes(data: str, where: str) -> bytes:
+    """The bytes of one base64 entry of an ``images`` list (a data: URL's payload too)."""
     if data.startswith(("http://", "https://")):
         raise InputError(f"{where}: remote image URLs are not fetched; send the image as data")
     if data.startswith("data:"):
         data = data.partition(",")[2]
     try:
-        raw = base64.b64decode(data, validate=True)
+        return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise InputError(f"{where}: invalid base64 data") from None
+
+
+def decode_media(data: str, where: str, senses: Senses, model: str) -> dict[str, Any]:
+    """One entry of an ``images`` list: an audio clip (``server.audio``) when it is a WAV or
+    an MP3, otherwise an image; refused when the projector does not read that kind."""
+    raw = media_bytes(data, where)
+    if audio.audio_format(raw) is not None:
+        if not senses.audio:
+            raise InputError(
+                f"{where}: {model} cannot read audio: its projector has no audio encoder"
+            )
+        return audio.decode_audio(raw, where)
+    if not senses.vision:
+        raise InputError(
+            f"{where}: not WAV or MP3 audio, and {model} cannot read images: "
+            "its projector has no vision encoder"
+        )
+    return image_from_bytes(raw, where)
+
+
+def image_from_bytes(raw: bytes, where: str) -> dict[str, Any]:
+    """An encoded image, checked and decoded to RGB."""
+    from PIL import Image, ImageFile, UnidentifiedImageError
+
     if len(raw) > MAX_IMAGE_BYTES:
         raise InputError(f"{where}: the image is {len(raw)} bytes, more than {MAX_IMAGE_BYTES}")
     ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -145,20 +187,25 @@ def mark(
 
 
 async def prepare(
-    images: RequestImages, todo: list[tuple[str, str]], has_vision: bool, model: str
+    images: RequestImages, todo: list[tuple[str, str]], senses: Senses, model: str
 ) -> None:
-    """Decode the images off the event loop (refusing the first bad one), or refuse them all
-    when the model has no projector."""
+    """Decode the images and audio clips off the event loop (refusing the first bad one), or
+    refuse them all when the model has no projector."""
     from modelhub.server.offloop import off_loop
 
     if not todo:
         return
-    if not has_vision:
-        raise InputError(f"{todo[0][0]}: {model} cannot read images: it has no vision projector")
+    if not senses:
+        raise InputError(
+            f"{todo[0][0]}: {model} cannot read images or audio: it has no vision or audio "
+            "projector"
+        )
     if len(todo) > MAX_IMAGES:
         raise InputError(f"{len(todo)} images in one request: at most {MAX_IMAGES}")
     for where, data in todo:
-        images.pixels.append(await off_loop(decode_image, data, where))
+        images.pixels.append(await off_loop(decode_media, data, where, senses, model))
+        if "audio" in images.pixels[-1]:
+            audio.check_total([p for p in images.pixels if "audio" in p], where)
 
 
 def mark_prompt(
@@ -193,20 +240,29 @@ def projector_facts(view: Any) -> tuple[list[str], dict[str, Any] | None]:
     return capabilities_of(info), projector_info(info)
 
 
-def can_see(view: Any) -> bool:
-    return "vision" in projector_facts(view)[0]
+def can_see(view: Any) -> Senses:
+    """What the model's projector reads (false when it has none): images, audio or both."""
+    found = projector_facts(view)[0]
+    return Senses(vision="vision" in found, audio="audio" in found)
+
+
+MEDIA_PART_TYPES = ("image_url", "input_audio")  # the chat content parts read by openai_images
 
 
 def openai_images(content: Any, where: str) -> list[str]:
-    """The images of an OpenAI message's content parts (``image_url``, a data URL or an
-    ``{"url": ...}`` object), as base64 strings; remote URLs are refused."""
+    """The images and audio clips of an OpenAI message's content parts, in order, as base64
+    strings: ``image_url`` (a data URL or an ``{"url": ...}`` object; remote URLs are refused)
+    and ``input_audio`` (``{"data": base64, "format": "wav" | "mp3"}``)."""
     if not isinstance(content, list):
         return []
     out: list[str] = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "image_url":
+        if not isinstance(part, dict) or part.get("type") not in MEDIA_PART_TYPES:
             continue
-        out.append(image_url_data(part.get("image_url"), f"{where}.content[{j}]"))
+        if part["type"] == "input_audio":
+            out.append(audio.openai_audio(part, f"{where}.content[{j}]"))
+        else:
+            out.append(image_url_data(part.get("image_url"), f"{where}.content[{j}]"))
     return out
 
 
