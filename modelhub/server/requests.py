@@ -2,8 +2,11 @@
 
 An empty body is ``400 missing request body``; malformed JSON or a field of the wrong type is a
 400 that says which field and what was expected. Unknown fields are ignored. A route that names
-a model reads it with :func:`read_model_request`: a missing model is ``400 model is required``
+a model reads it with :func:`model_field`: a missing model is ``400 model is required``
 everywhere, a name with spaces around it is refused (never trimmed into another model's name).
+The Ollama routes parse their bodies into the models of ``server/request_models.py`` (which
+use these checks); the ``/v1`` routes read theirs with :func:`read_model_request` and
+:func:`field`.
 
 Text is decided here, once, as Go's decoder (and so Ollama) decides it: bytes that are not
 UTF-8 and ``\\u`` escapes of lone UTF-16 surrogates become U+FFFD, so no string past this point
@@ -116,17 +119,19 @@ def field(data: dict[str, Any], name: str, kind: type[T], default: T) -> T:
             raise InputError(f'field "{name}" is out of range for a number, got {value}') from None
     if not ok:
         raise InputError(
-            f'field "{name}" must be of type {_type_name(kind)}, got {_json_type(value)}'
+            f'field "{name}" must be of type {_type_name(kind)}, got {json_type(value)}'
         )
     return cast(T, value)
 
 
-def str_map(data: dict[str, Any], name: str) -> dict[str, str]:
-    value = field(data, name, dict, {})
-    for key, item in value.items():
-        if not isinstance(item, str):
-            raise InputError(f'field "{name}": value for {key!r} must be a string digest')
-    return dict(value)
+def name_field(data: dict[str, Any], key: str) -> str:
+    """A model name in a field other than ``model`` (copy's source and destination)."""
+    raw = field(data, key, str, "")
+    if not raw:
+        raise InputError(f"{key} is required")
+    if raw != raw.strip():
+        raise InvalidNameError(f"invalid model name {raw!r}: remove the spaces around it")
+    return raw
 
 
 def model_field(data: dict[str, Any], *, alias: bool = True) -> str:
@@ -163,11 +168,9 @@ async def read_model_request(
     )
 
 
-def check_media(data: dict[str, Any], where: str = "") -> None:
-    """``images`` and ``think`` as Ollama accepts them, refused (never ignored) otherwise:
-    images must be base64 strings (decoded and checked by ``server.images``); ``think`` is a
-    boolean or a level (``"low"``, ``"medium"``, ``"high"``, ``"max"``)."""
-    images = data.get("images")
+def check_images(images: Any, where: str = "") -> None:
+    """``images`` (under ``where``) as Ollama accepts them, refused (never ignored) otherwise:
+    absent, or an array of base64 strings (decoded and checked by ``server.images``)."""
     if images not in (None, []):
         if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
             raise InputError(f'field "{where}images" must be an array of base64 strings')
@@ -176,7 +179,11 @@ def check_media(data: dict[str, Any], where: str = "") -> None:
                 base64.b64decode(image, validate=True)
             except (binascii.Error, ValueError):
                 raise InputError(f"{where}images[{index}]: invalid base64 data") from None
-    think = data.get("think")
+
+
+def check_think(think: Any) -> None:
+    """``think``: absent, a boolean or a level (``"low"``, ``"medium"``, ``"high"``, ``"max"``),
+    refused otherwise."""
     if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
         shown = json.dumps(think, ensure_ascii=False)
         raise InputError(
@@ -198,7 +205,8 @@ def _type_name(kind: type) -> str:
     }.get(kind, kind.__name__)
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON type of a parsed value, as the error messages name it."""
     if isinstance(value, bool):
         return "boolean"
     return _type_name(type(value))

@@ -17,9 +17,9 @@ from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
 from modelhub.runtime.planning import Plan
-from modelhub.server import logprobs, schemas
+from modelhub.server import logprobs
 from modelhub.server.drafting_view import ps_draft
-from modelhub.server.embedding import embed_texts, input_texts, normalise
+from modelhub.server.embedding import embed_texts, normalise
 from modelhub.server.generation import (
     final_stats,
     fitted_prompt,
@@ -33,36 +33,19 @@ from modelhub.server.lookup import find_model
 from modelhub.server.offloop import off_loop
 from modelhub.server.prompts import chat_prompt, generate_prompt
 from modelhub.server.reply_options import reply_parser, request_grammar, thinking, tool_plan
-from modelhub.server.requests import ModelRequest, check_media, field, read_model_request
+from modelhub.server.request_models import (
+    ChatBody,
+    EmbedBody,
+    EmbeddingsBody,
+    GenerateBody,
+    LoadBody,
+    openapi_body,
+    read_request,
+)
 from modelhub.server.state import ServerState, get_state
 from modelhub.server.truncation import ChatFit
 
 router = APIRouter()
-
-
-def _format(data: dict[str, Any]) -> Any:
-    fmt = data.get("format")
-    if fmt in (None, ""):
-        return None
-    if fmt == "json" or isinstance(fmt, dict):
-        return fmt
-    raise InputError(f'invalid format: {fmt!r}; expected "json" or a valid JSON Schema object')
-
-
-def _messages(data: dict[str, Any]) -> list[dict[str, Any]]:
-    raw = data.get("messages") or []
-    if not isinstance(raw, list):
-        raise InputError('field "messages" must be an array')
-    out = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
-            raise InputError(f"messages[{i}] must be an object with a string content")
-        role = str(m.get("role", "")).lower()
-        if role not in ("system", "user", "assistant", "tool"):
-            raise InputError(f"messages[{i}]: role must be system, user, assistant or tool")
-        check_media({"images": m.get("images")}, f"messages[{i}].")
-        out.append({**m, "role": role, "content": m.get("content") or ""})
-    return out
 
 
 def reply_body(
@@ -146,9 +129,7 @@ class NativeShaper:
         return out
 
 
-async def _load_only(
-    state: ServerState, view: ModelView, req: ModelRequest, chat: bool
-) -> Response:
+async def _load_only(state: ServerState, view: ModelView, req: LoadBody, chat: bool) -> Response:
     """A request with nothing to generate: load the model (or unload it with keep_alive 0)."""
     if req.keep_alive == 0:
         if view.model_layer is not None:
@@ -166,39 +147,25 @@ async def _load_only(
     return JSONResponse({**body, "done": True, "done_reason": reason})
 
 
-@router.post("/api/generate", openapi_extra=schemas.GENERATE)
+@router.post("/api/generate", openapi_extra=openapi_body(GenerateBody))
 async def generate(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    req = await read_model_request(request)
-    data = req.data
-    check_media(data)
-    prompt = field(data, "prompt", str, "")
-    raw_mode = field(data, "raw", bool, False)
-    system = field(data, "system", str, "")
-    template = field(data, "template", str, "")
-    suffix = field(data, "suffix", str, "")
-    context = field(data, "context", list, [])
-    if raw_mode and (template or system or context):
-        raise InputError("raw mode does not support template, system, or context")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
-        raise InputError('field "context" must be an array of token ids')
-    fmt = _format(data)
+    req = await read_request(request, GenerateBody)
     view = await find_model(state, req.model)
-    if not prompt and (req.keep_alive == 0 or not suffix):
+    if not req.prompt and (req.keep_alive == 0 or not req.suffix):
         return await _load_only(state, view, req, chat=False)
     images = RequestImages()
-    prompt, todo = mark_prompt(images, prompt, data.get("images"))
+    prompt, todo = mark_prompt(images, req.prompt, req.images)
     await prepare(images, todo, can_see(view), req.model)
-    think = None if raw_mode else thinking(view, data.get("think"))
-    prediction = data.get("prediction") if isinstance(data.get("prediction"), str) else None
+    think = None if req.raw else thinking(view, req.think)
     p = state.plan(
         view,
         req.options,
-        prediction=bool(prediction),
+        prediction=bool(req.prediction),
     )
-    p.options["shift"] = field(data, "shift", bool, True)
-    if raw_mode:
+    p.options["shift"] = req.shift
+    if req.raw:
         text = prompt
     else:
         render = functools.partial(
@@ -206,28 +173,28 @@ async def generate(request: Request) -> Response:
             state,
             view,
             prompt,
-            system=system,
-            template=template,
-            suffix=suffix,
-            with_history=not context,
+            system=req.system,
+            template=req.template,
+            suffix=req.suffix,
+            with_history=not req.context,
             think=think,
         )
         # the request's own template: seconds to parse when large, so off the loop
-        text = await off_loop(render) if template else render()
+        text = await off_loop(render) if req.template else render()
     msg = {
         "op": "generate",
         "prompt": text,
-        "context": context or None,
-        "options": _with_logprobs(p.options, data),
-        "grammar": request_grammar(data, fmt),
-        "prediction": prediction,
+        "context": req.context or None,
+        "options": _with_logprobs(p.options, req),
+        "grammar": request_grammar({"grammar": req.grammar}, req.format),
+        "prediction": req.prediction,
         **images.runner_fields(),
     }
     shaper = NativeShaper(
         req.model,
         chat=False,
         started=started,
-        with_context=not raw_mode,
+        with_context=not req.raw,
         record=lambda r: state.metrics.record(view.name.display, r),
         parser=reply_parser(view, text, think, None),
     )
@@ -235,9 +202,9 @@ async def generate(request: Request) -> Response:
     return await respond(events, request, stream=req.stream, chunk=shaper.chunk, final=shaper.final)
 
 
-def _with_logprobs(options: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+def _with_logprobs(options: dict[str, Any], req: GenerateBody | ChatBody) -> dict[str, Any]:
     """The runner options plus ``top_logprobs`` when the request asks for log-probabilities."""
-    top = logprobs.requested(data)
+    top = logprobs.requested({"logprobs": req.logprobs, "top_logprobs": req.top_logprobs})
     return options if top is None else {**options, "top_logprobs": top}
 
 
@@ -246,42 +213,38 @@ def _done_reason(result: dict[str, Any]) -> str:
     return "stop" if reason == "cancel" else reason
 
 
-@router.post("/api/chat", openapi_extra=schemas.CHAT)
+@router.post("/api/chat", openapi_extra=openapi_body(ChatBody))
 async def chat(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    req = await read_model_request(request)
-    check_media(req.data)
-    messages = _messages(req.data)
-    tools = field(req.data, "tools", list, [])
-    fmt = _format(req.data)
+    req = await read_request(request, ChatBody)
     view = await find_model(state, req.model)
-    if not messages:
+    if not req.messages:
         return await _load_only(state, view, req, chat=True)
-    if req.data.get("images"):
+    if req.images:
         raise InputError('images: in /api/chat, images go on a message ("messages[i].images")')
     images = RequestImages()
-    messages, todo = mark(images, messages, 0)
+    messages, todo = mark(images, req.messages, 0)
     await prepare(images, todo, can_see(view), req.model)
     p = state.plan(
         view,
         req.options,
     )
-    p.options["shift"] = field(req.data, "shift", bool, True)
-    think = thinking(view, req.data.get("think"))
-    tooling = tool_plan(view, tools, req.data.get("tool_choice"))
+    p.options["shift"] = req.shift
+    think = thinking(view, req.think)
+    tooling = tool_plan(view, req.tools, req.tool_choice)
     text = chat_prompt(state, view, messages, tooling.tools, think=think)
     fit = ChatFit(
         messages,
         lambda kept: chat_prompt(state, view, kept, tooling.tools, think=think),
-        truncate=field(req.data, "truncate", bool, True),
+        truncate=req.truncate,
         num_keep=int(p.options.get("num_keep", 4)),
         count_fields=images.count_fields,
     )
-    if field(req.data, "_debug_render_only", bool, False):
+    if req.debug_render_only:
         return await _rendered_only(state, p, req, fit)
-    grammar = request_grammar(req.data, fmt, tooling.grammar)
-    options = _with_logprobs(p.options, req.data)
+    grammar = request_grammar({"grammar": req.grammar}, req.format, tooling.grammar)
+    options = _with_logprobs(p.options, req)
     msg = {"op": "generate", "prompt": text, "options": options, "grammar": grammar}
     msg.update(images.runner_fields())
     shaper = NativeShaper(
@@ -296,7 +259,7 @@ async def chat(request: Request) -> Response:
     return await respond(events, request, stream=req.stream, chunk=shaper.chunk, final=shaper.final)
 
 
-async def _rendered_only(state: ServerState, p: Plan, req: ModelRequest, fit: ChatFit) -> Response:
+async def _rendered_only(state: ServerState, p: Plan, req: ChatBody, fit: ChatFit) -> Response:
     """Ollama's ``_debug_render_only``: the prompt the model would be given, after
     truncation, and nothing generated (the model is loaded: its tokenizer counts)."""
     text = await fitted_prompt(state, p, req.keep_alive, fit)
@@ -304,13 +267,12 @@ async def _rendered_only(state: ServerState, p: Plan, req: ModelRequest, fit: Ch
     return JSONResponse({**body, "done": True, "debug_info": {"rendered_template": text}})
 
 
-@router.post("/api/embed", openapi_extra=schemas.EMBED)
+@router.post("/api/embed", openapi_extra=openapi_body(EmbedBody))
 async def embed(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    req = await read_model_request(request)
-    texts = input_texts(req.data.get("input"), allow_empty=True)
-    dims = field(req.data, "dimensions", int, 0)
+    req = await read_request(request, EmbedBody)
+    texts, dims = req.input, req.dimensions
     view = await find_model(state, req.model)
     if not texts:
         await _load_only(state, view, req, chat=False)
@@ -329,12 +291,12 @@ async def embed(request: Request) -> Response:
     )
 
 
-@router.post("/api/embeddings", openapi_extra=schemas.EMBEDDINGS)
+@router.post("/api/embeddings", openapi_extra=openapi_body(EmbeddingsBody))
 async def embeddings_legacy(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    req = await read_model_request(request)
-    prompt = field(req.data, "prompt", str, "")
+    req = await read_request(request, EmbeddingsBody)
+    prompt = req.prompt
     view = await find_model(state, req.model)
     if not prompt:
         await _load_only(state, view, req, chat=False)

@@ -12,9 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from modelhub.errors import (
-    InputError,
     InvalidDigestError,
-    InvalidNameError,
     ModelhubError,
     NotFoundError,
 )
@@ -24,13 +22,23 @@ from modelhub.library.views import ModelView
 from modelhub.modelfile import RenderSpec, format_parameters, render_modelfile
 from modelhub.pull.base import Progress
 from modelhub.runtime.planning import DEFAULT_DRAFT_LEN
-from modelhub.server import schemas
 from modelhub.server.drafting_view import drafting_payload
 from modelhub.server.images import projector_facts
 from modelhub.server.inventory import list_entries, verify_models
 from modelhub.server.lookup import find_model
 from modelhub.server.offloop import off_loop
-from modelhub.server.requests import field, model_field, read_json, str_map
+from modelhub.server.request_models import (
+    CopyBody,
+    CreateBody,
+    DeleteBody,
+    PullBody,
+    ShowBody,
+    VerifyBody,
+    openapi_body,
+    parse_body,
+    read_request,
+)
+from modelhub.server.requests import read_json
 from modelhub.server.state import ServerState, get_state
 from modelhub.server.streaming import run_streaming
 from modelhub.store import parse_digest, parse_name
@@ -46,14 +54,14 @@ async def tags(request: Request) -> Response:
     return JSONResponse({"models": models})
 
 
-@router.post("/api/verify", openapi_extra=schemas.VERIFY)
+@router.post("/api/verify", openapi_extra=openapi_body(VerifyBody))
 async def verify(request: Request) -> Response:
     """Re-hash the blobs of ``model`` (every model without one): ``{"models": [reports]}``."""
     state = get_state(request)
     headers = request.headers
     has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
     data = await read_json(request) if has_body else {}  # no body: every model
-    raw = field(data, "model", str, "")
+    raw = parse_body(VerifyBody, data).model
     name = parse_name(raw) if raw else None
     try:
         reports = await asyncio.to_thread(verify_models, state.store, state.views, name)
@@ -139,15 +147,12 @@ def _draft_summary(view: ModelView, params: dict[str, Any]) -> dict[str, Any]:
     return draft
 
 
-@router.post("/api/show", openapi_extra=schemas.SHOW)
+@router.post("/api/show", openapi_extra=openapi_body(ShowBody))
 async def show(request: Request) -> Response:
     state = get_state(request)
-    data = await read_json(request)
-    view = await find_model(state, model_field(data))
-    verbose = field(data, "verbose", bool, False)
-    system = field(data, "system", str, "")
-    options = field(data, "options", dict, {})
-    payload = show_payload(view, verbose, system or None, options)
+    req = await read_request(request, ShowBody)
+    view = await find_model(state, req.model)
+    payload = show_payload(view, req.verbose, req.system or None, req.options)
     if view.model_layer is not None:
         payload["drafting"] = await drafting_payload(state, view)
     for loaded in state.scheduler.snapshot():  # loaded now: where llama.cpp placed it
@@ -164,11 +169,10 @@ async def show(request: Request) -> Response:
     return JSONResponse(payload)
 
 
-@router.delete("/api/delete", openapi_extra=schemas.DELETE)
+@router.delete("/api/delete", openapi_extra=openapi_body(DeleteBody))
 async def delete(request: Request) -> Response:
     state = get_state(request)
-    data = await read_json(request)
-    raw = model_field(data)
+    raw = (await read_request(request, DeleteBody)).model
     name = parse_name(raw)
     try:
         await asyncio.to_thread(state.store.delete, name)
@@ -178,11 +182,11 @@ async def delete(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.post("/api/copy", openapi_extra=schemas.COPY)
+@router.post("/api/copy", openapi_extra=openapi_body(CopyBody))
 async def copy(request: Request) -> Response:
     state = get_state(request)
-    data = await read_json(request)
-    src_raw, dst_raw = _name_field(data, "source"), _name_field(data, "destination")
+    req = await read_request(request, CopyBody)
+    src_raw, dst_raw = req.source, req.destination
     src, dst = parse_name(src_raw), parse_name(dst_raw)
     try:
         await asyncio.to_thread(state.store.copy, src, dst)
@@ -221,68 +225,45 @@ async def blob_upload(request: Request, digest: str) -> Response:
     return Response(status_code=201)
 
 
-def _name_field(data: dict[str, Any], key: str) -> str:
-    """A model name in a field other than ``model`` (copy's source and destination)."""
-    raw = field(data, key, str, "")
-    if not raw:
-        raise InputError(f"{key} is required")
-    if raw != raw.strip():
-        raise InvalidNameError(f"invalid model name {raw!r}: remove the spaces around it")
-    return raw
-
-
-def parse_create(data: dict[str, Any]) -> CreateRequest:
-    name = parse_name(model_field(data))
-    license_value = data.get("license")
-    if isinstance(license_value, str):
-        licenses = [license_value]
-    elif license_value is None:
-        licenses = []
-    elif isinstance(license_value, list) and all(isinstance(x, str) for x in license_value):
-        licenses = list(license_value)
-    else:
-        raise InputError('field "license" must be a string or an array of strings')
-    messages = data.get("messages")
-    if messages is not None and not isinstance(messages, list):
-        raise InputError('field "messages" must be an array of {"role","content"} objects')
-    quantize = field(data, "quantize", str, "") or field(data, "quantization", str, "")
+def create_request(body: CreateBody) -> CreateRequest:
     return CreateRequest(
-        model=name,
-        from_=field(data, "from", str, "").strip() or None,
-        files=str_map(data, "files"),
-        adapters=str_map(data, "adapters"),
-        draft_files=str_map(data, "draft_files"),
-        draft=field(data, "draft", str, "").strip() or None,
-        template=field(data, "template", str, "") or None,
-        system=field(data, "system", str, "") or None,
-        parameters=dict(field(data, "parameters", dict, {})),
-        messages=messages,
-        license=licenses,
-        quantize=quantize or None,
-        draft_quantize=field(data, "draft_quantize", str, "") or None,
-        requires=field(data, "requires", str, "") or None,
-        renderer=field(data, "renderer", str, "") or None,
-        parser=field(data, "parser", str, "") or None,
+        model=parse_name(body.model),
+        from_=body.from_.strip() or None,
+        files=dict(body.files),
+        adapters=dict(body.adapters),
+        draft_files=dict(body.draft_files),
+        draft=body.draft.strip() or None,
+        template=body.template or None,
+        system=body.system or None,
+        parameters=dict(body.parameters),
+        messages=body.messages,
+        license=list(body.license),
+        quantize=body.quantize or body.quantization or None,
+        draft_quantize=body.draft_quantize or None,
+        requires=body.requires or None,
+        renderer=body.renderer or None,
+        parser=body.parser or None,
     )
 
 
-def checked_create(data: dict[str, Any]) -> CreateRequest:
-    """The create request of ``data``, with the checks that need no store (template parse)."""
+def checked_create(data: dict[str, Any]) -> tuple[CreateRequest, bool]:
+    """The create request of ``data`` and whether to stream, with the checks that need no store
+    (a template's parse)."""
     from modelhub.library.create import check_request
     from modelhub.server.modelfile_body import with_modelfile
 
-    req = parse_create(with_modelfile(data))  # a "modelfile" text becomes the fields it sets
+    body = parse_body(CreateBody, with_modelfile(data))  # a "modelfile" text: its fields
+    req = create_request(body)
     check_request(req)
-    return req
+    return req, body.stream
 
 
-@router.post("/api/create", openapi_extra=schemas.CREATE)
+@router.post("/api/create", openapi_extra=openapi_body(CreateBody))
 async def create(request: Request) -> Response:
     state: ServerState = get_state(request)
     data = await read_json(request)
-    stream = field(data, "stream", bool, True)
     # 400s before anything is streamed; a template's parse takes seconds when it is large
-    req = await off_loop(checked_create, data)
+    req, stream = await off_loop(checked_create, data)
 
     def job(emit: Progress) -> None:
         Creator(state.store, state.views, emit).run(req)
@@ -291,32 +272,28 @@ async def create(request: Request) -> Response:
     return await run_streaming(job, stream)
 
 
-@router.post("/api/pull", openapi_extra=schemas.PULL)
+@router.post("/api/pull", openapi_extra=openapi_body(PullBody))
 async def pull(request: Request) -> Response:
     from modelhub.library.pulled import installer
     from modelhub.pull import pull_model
 
     state = get_state(request)
-    data = await read_json(request)
-    ref = model_field(data)
-    insecure = field(data, "insecure", bool, False)
-    no_draft = field(data, "no_draft", bool, False)
-    stream = field(data, "stream", bool, True)
+    req = await read_request(request, PullBody)
     cancel = threading.Event()
 
     def job(emit: Progress) -> None:
         name = pull_model(
             state.store,
-            ref,
-            insecure=insecure,
-            no_draft=no_draft,
+            req.model,
+            insecure=req.insecure,
+            no_draft=req.no_draft,
             progress=emit,
             install=installer(state.store),
             cancel=cancel,
         )
         state.on_model_changed(name)
 
-    return await run_streaming(job, stream, cancel)
+    return await run_streaming(job, req.stream, cancel)
 
 
 @router.post("/api/prune")

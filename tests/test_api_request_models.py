@@ -1,0 +1,299 @@
+"""The Ollama routes parse their bodies once, into the models of
+``server/request_models.py``, and the OpenAPI document's request bodies are those models'
+schemas: one definition of each shape. Bad input keeps this API's messages (Ollama's where it
+has them) and status; unknown fields are ignored and ``null`` counts as absent, as in Ollama.
+In-process over fake runners."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from modelhub.config import Settings
+from modelhub.errors import InputError, InvalidNameError
+from modelhub.server import request_models as rm
+from modelhub.server.app import create_app
+from modelhub.server.openai_models import ChatCompletionBody, CompletionBody, EmbeddingsRequestBody
+from tests.fakes.daemon import FakeDaemon, fake_daemon
+
+ROUTES: dict[str, type[rm.Body]] = {
+    "/api/generate": rm.GenerateBody,
+    "/api/chat": rm.ChatBody,
+    "/api/embed": rm.EmbedBody,
+    "/api/embeddings": rm.EmbeddingsBody,
+    "/api/show": rm.ShowBody,
+    "/api/delete": rm.DeleteBody,
+    "/api/verify": rm.VerifyBody,
+    "/api/copy": rm.CopyBody,
+    "/api/pull": rm.PullBody,
+    "/api/create": rm.CreateBody,
+    "/v1/chat/completions": ChatCompletionBody,
+    "/v1/completions": CompletionBody,
+    "/v1/embeddings": EmbeddingsRequestBody,
+}
+
+
+def test_the_openapi_bodies_are_the_models_schemas(tmp_path: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = create_app(Settings.from_env({"MODELHUB_MODELS": str(tmp_path)})).openapi()
+    for path, model in ROUTES.items():
+        (operation,) = [op for op in spec["paths"][path].values() if "requestBody" in op]
+        assert operation["requestBody"] == rm.openapi_body(model)["requestBody"], path
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert "$defs" not in str(schema) and "$ref" not in str(schema), path
+    generate = rm.openapi_body(rm.GenerateBody)["requestBody"]["content"]["application/json"]
+    assert generate["schema"]["required"] == ["model"]
+    assert {"model", "prompt", "think", "keep_alive", "format"} <= set(
+        generate["schema"]["properties"]
+    )
+    create = rm.openapi_body(rm.CreateBody)["requestBody"]["content"]["application/json"]
+    assert (
+        "from" in create["schema"]["properties"]
+        and "quantization" not in create["schema"]["properties"]
+    )
+
+
+def parse(body: type[rm.Body], **data: Any) -> Any:
+    return rm.parse_body(body, data)
+
+
+def refused(model: type[rm.Body], data: dict[str, Any]) -> InputError:
+    with pytest.raises(InputError) as caught:
+        rm.parse_body(model, data)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "message"),
+    [
+        (
+            rm.GenerateBody,
+            {"model": "m", "prompt": 3},
+            'field "prompt" must be of type string, got integer',
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "stream": "yes"},
+            'field "stream" must be of type boolean, got string',
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "options": []},
+            'field "options" must be of type object, got array',
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "context": "x"},
+            'field "context" must be of type array, got string',
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "context": [1, True]},
+            'field "context" must be an array of token ids',
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "raw": True, "system": "s"},
+            "raw mode does not support template, system, or context",
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "format": "xml"},
+            "invalid format: 'xml'; expected \"json\" or a valid JSON Schema object",
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "think": "ultra"},
+            'invalid think value: "ultra" (must be "high", "medium", "low", "max", true, or false)',
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "images": "abc"},
+            'field "images" must be an array of base64 strings',
+        ),
+        (rm.GenerateBody, {"model": "m", "images": ["@@@"]}, "images[0]: invalid base64 data"),
+        (rm.GenerateBody, {"model": "m", "grammar": 1}, 'field "grammar" must be a GBNF string'),
+        (rm.GenerateBody, {"model": "m", "logprobs": 1}, 'field "logprobs" must be a boolean'),
+        (
+            rm.GenerateBody,
+            {"model": "m", "top_logprobs": 1.5},
+            'field "top_logprobs" must be an integer',
+        ),
+        (
+            rm.GenerateBody,
+            {"model": "m", "keep_alive": "5"},
+            "keep_alive: invalid duration '5' (missing unit in duration; e.g. '5m', '30s', '-1')",
+        ),
+        (rm.ChatBody, {"model": "m", "messages": {"a": 1}}, 'field "messages" must be an array'),
+        (
+            rm.ChatBody,
+            {"model": "m", "messages": [{"content": 1}]},
+            "messages[0] must be an object with a string content",
+        ),
+        (
+            rm.ChatBody,
+            {"model": "m", "messages": [{"role": "bot"}]},
+            "messages[0]: role must be system, user, assistant or tool",
+        ),
+        (
+            rm.ChatBody,
+            {"model": "m", "messages": [{"role": "user", "images": [1]}]},
+            'field "messages[0].images" must be an array of base64 strings',
+        ),
+        (
+            rm.ChatBody,
+            {"model": "m", "tools": {}},
+            'field "tools" must be of type array, got object',
+        ),
+        (
+            rm.EmbedBody,
+            {"model": "m", "input": 3},
+            "input must be a non-empty string or array of strings",
+        ),
+        (
+            rm.EmbedBody,
+            {"model": "m", "dimensions": 1.5},
+            'field "dimensions" must be of type integer, got number',
+        ),
+        (
+            rm.CreateBody,
+            {"model": "m", "files": {"a.gguf": 1}},
+            "field \"files\": value for 'a.gguf' must be a string digest",
+        ),
+        (
+            rm.CreateBody,
+            {"model": "m", "license": [1]},
+            'field "license" must be a string or an array of strings',
+        ),
+        (
+            rm.CreateBody,
+            {"model": "m", "messages": "hi"},
+            'field "messages" must be an array of {"role","content"} objects',
+        ),
+        (
+            rm.CreateBody,
+            {"model": "m", "parameters": "x"},
+            'field "parameters" must be of type object, got string',
+        ),
+        (rm.CopyBody, {"source": "a"}, "destination is required"),
+        (
+            rm.PullBody,
+            {"model": "m", "insecure": "no"},
+            'field "insecure" must be of type boolean, got string',
+        ),
+        (rm.VerifyBody, {"model": 1}, 'field "model" must be of type string, got integer'),
+    ],
+)
+def test_bad_fields_get_their_messages(
+    model: type[rm.Body], data: dict[str, Any], message: str
+) -> None:
+    assert str(refused(model, data)) == message
+
+
+def test_the_model_is_read_first_and_alike() -> None:
+    assert str(refused(rm.GenerateBody, {"prompt": 3})) == "model is required"
+    assert str(refused(rm.ShowBody, {"model": "", "verbose": "x"})) == "model is required"
+    padded = refused(rm.PullBody, {"model": " m"})
+    assert type(padded) is InvalidNameError
+    assert parse(rm.ChatBody, name="old").model == "old"  # Ollama's deprecated alias
+    with pytest.raises(InputError, match="model is required"):
+        parse(ChatCompletionBody, name="old", messages=[])  # not on OpenAI's routes
+
+
+def test_unknown_fields_are_ignored_and_null_is_absent() -> None:
+    body = parse(
+        rm.GenerateBody,
+        model="m",
+        prompt=None,
+        stream=None,
+        shift=None,
+        think=None,
+        whatever={"x": 1},
+    )
+    assert (body.prompt, body.stream, body.shift, body.think) == ("", True, True, None)
+    assert not hasattr(body, "whatever")
+
+
+def test_values_come_out_typed() -> None:
+    body = parse(
+        rm.GenerateBody,
+        model="m",
+        keep_alive="5m",
+        format="",
+        think="high",
+        prediction=7,  # anything but text is ignored, as before
+        context=[1, 2],
+    )
+    assert (body.keep_alive, body.format, body.think, body.prediction) == (
+        300.0,
+        None,
+        "high",
+        None,
+    )
+    chat = parse(rm.ChatBody, model="m", messages=[{"role": "USER"}], _debug_render_only=True)
+    assert chat.messages == [{"role": "user", "content": ""}] and chat.debug_render_only
+    assert parse(rm.EmbedBody, model="m", input="hi").input == ["hi"]
+    create = parse(rm.CreateBody, model="m", license="MIT", quantization="q8_0", **{"from": "b"})
+    assert (create.license, create.quantization, create.from_) == (["MIT"], "q8_0", "b")
+    assert parse(rm.CopyBody, source="a", destination="b").destination == "b"
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDaemon]:
+    with fake_daemon(tmp_path_factory.mktemp("bodies")) as d:
+        d.add_model("tiny")
+        yield d
+
+
+def test_routes_answer_with_the_models_messages(app: FakeDaemon) -> None:
+    for path, body, message in [
+        (
+            "/api/generate",
+            {"model": "tiny", "context": [1, "a"]},
+            'field "context" must be an array of token ids',
+        ),
+        (
+            "/api/chat",
+            {"model": "tiny", "truncate": 1},
+            'field "truncate" must be of type boolean, got integer',
+        ),
+        (
+            "/api/show",
+            {"model": "tiny", "verbose": "yes"},
+            'field "verbose" must be of type boolean, got string',
+        ),
+        (
+            "/api/copy",
+            {"source": "tiny", "destination": " x"},
+            "invalid model name ' x': remove the spaces around it",
+        ),
+        (
+            "/api/create",
+            {"model": "n", "files": {"a.gguf": 1}},
+            "field \"files\": value for 'a.gguf' must be a string digest",
+        ),
+        ("/api/create", {"model": "n", "modelfile": 1}, 'field "modelfile" must be a string'),
+        (
+            "/api/pull",
+            {"model": "x", "no_draft": "yes"},
+            'field "no_draft" must be of type boolean, got string',
+        ),
+    ]:
+        r = app.http.post(path, json=body)
+        assert (r.status_code, r.json()) == (400, {"error": message}), path
+    shown = app.http.post("/api/show", json={"model": "tiny", "verbose": None, "extra": 1})
+    assert shown.status_code == 200, shown.text
+
+
+def test_create_reads_the_modelfile_field_into_the_same_model(app: FakeDaemon) -> None:
+    r = app.http.post(
+        "/api/create",
+        json={"model": "child", "modelfile": "FROM tiny\nSYSTEM be brief\n", "stream": False},
+    )
+    assert (r.status_code, r.json()) == (200, {"status": "success"})
+    shown = app.http.post("/api/show", json={"model": "child"}).json()
+    assert shown["system"] == "be brief"
