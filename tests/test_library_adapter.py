@@ -67,12 +67,11 @@ def test_create_stores_the_adapter_and_the_plan_loads_it(
     assert layer.from_ == "lora.gguf"
 
     spec = plan(view, None).spec
-    config = dict(spec.config)
-    assert config["adapter_paths"] == (str(lib.store.blob_path(lora)),)
+    assert spec.config.adapter_paths == (str(lib.store.blob_path(lora)),)
     plain = lib.upload(files["tiny"])
     lib.create("t", files={"tiny.gguf": plain})
     base_spec = plan(lib.views.get(parse_name("t")), None).spec
-    assert "adapter_paths" not in dict(base_spec.config)  # other models keep their runner key
+    assert base_spec.config.adapter_paths == ()
     assert spec.key != base_spec.key
     assert spec.memory.weights == base_spec.memory.weights + files["lora"].stat().st_size
 
@@ -86,7 +85,7 @@ def test_a_model_from_a_model_keeps_its_adapter(lib: Library, files: dict[str, P
     lib.create("tl-ngram", from_="tl", draft="ngram")
     view = lib.views.get(parse_name("tl-ngram"))
     assert [a.from_ for a in view.adapters] == ["lora.gguf"]
-    assert dict(plan(view, None).spec.config)["draft_kind"] == "ngram"
+    assert plan(view, None).spec.config.draft_kind == "ngram"
 
 
 def test_a_mismatched_adapter_is_refused_and_nothing_is_written(

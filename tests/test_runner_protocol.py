@@ -151,3 +151,48 @@ def test_the_daemon_refuses_to_send_what_the_runner_would_not_know() -> None:
         assert process.pending == {}
 
     asyncio.run(scenario())
+
+
+def test_the_load_plan_is_the_engine_config_field_for_field() -> None:
+    """``LoadConfig`` (what the daemon plans and the runner receives) and ``EngineConfig``
+    (what the engine takes) name the same settings, and every value crosses the pipe into the
+    engine's types."""
+    from pathlib import Path
+
+    from modelhub.engine.load_config import DraftCandidate, LoadConfig
+    from modelhub.engine.options import DraftSource, EngineConfig
+    from modelhub.engine.runner import engine_config
+
+    assert set(LoadConfig.model_fields) == {f.name for f in fields(EngineConfig)}
+    plan = LoadConfig(
+        model_path="/m.gguf",
+        n_ctx=1024,
+        draft_kind="auto",
+        draft_candidates=(DraftCandidate(name="d", kind="draft_model", path="/d.gguf", max_k=3),),
+        state_dir="/s",
+        adapter_paths=("/a.gguf",),
+        projector_path="/p.gguf",
+        num_gpu=0,
+        tensor_split=(0.5, 0.5),
+        rpc_servers=("127.0.0.1:50052",),
+    )
+    line = p.Load(config=plan).encode()
+    received = p.decode_request(line)
+    assert isinstance(received, p.Load) and received.config == plan
+    cfg = engine_config(received.config)
+    assert cfg.model_path == Path("/m.gguf") and cfg.n_ctx == 1024
+    assert cfg.draft_candidates == [DraftSource("d", "draft_model", Path("/d.gguf"), 3)]
+    assert cfg.state_dir == Path("/s") and cfg.projector_path == Path("/p.gguf")
+    assert cfg.adapter_paths == [Path("/a.gguf")] and cfg.tensor_split == [0.5, 0.5]
+    assert cfg.rpc_servers == ["127.0.0.1:50052"] and cfg.num_gpu == 0
+    # The daemon's defaults left unset in a plan are the engine's own.
+    assert engine_config(LoadConfig(model_path="/m.gguf")).num_gpu == EngineConfig(Path()).num_gpu
+
+
+def test_a_misspelt_load_setting_fails_where_the_plan_is_made() -> None:
+    from pydantic import ValidationError
+
+    from modelhub.runtime.loadspec import LoadSpec
+
+    with pytest.raises(ValidationError, match="n_ctxx"):
+        LoadSpec.make("m", "sha256:0", "sha256:1", {"model_path": "/m", "n_ctxx": 5}, {})

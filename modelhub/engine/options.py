@@ -11,11 +11,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from modelhub.engine.load_config import DraftKind
 from modelhub.engine.sampling import SamplingParams
 from modelhub.engine.speculative.verify import AcceptanceRule, rejection_step
 from modelhub.errors import InputError
 
-DraftKind = Literal["none", "auto", "draft_model", "mtp", "ngram", "eagle3", "dflash"]
 DoneReason = Literal["stop", "length", "cancel"]
 # ``GenerateOptions.draft`` values other than a drafter's name.
 DRAFT_AUTO, DRAFT_OFF = "auto", "off"

@@ -17,8 +17,7 @@ msgspec would be another dependency for a few microseconds a line).
 - An error keeps its class: ``ErrorEvent`` carries the class's name beside its kind
   (``errors.error_name``), and :meth:`ErrorEvent.exception` raises that class again.
 
-The shapes of ``load``'s config (``EngineConfig``'s fields, checked by the runner against that
-dataclass) and of ``done``'s result (``GenerateResult``'s) are dicts here for now.
+``load``'s config is the daemon's load plan itself (``engine.load_config.LoadConfig``).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from modelhub.engine.load_config import LoadConfig
 from modelhub.errors import (
     ErrorKind,
     ModelhubError,
@@ -100,7 +100,7 @@ class AudioClip(Message):
 
 class Load(Message):
     op: Literal["load"] = "load"
-    config: dict[str, Any]  # EngineConfig's fields (the runner refuses others)
+    config: LoadConfig
 
 
 class Generate(Message):

@@ -4,7 +4,7 @@ Each loaded model runs in its own process, so a crash, an abort or an out-of-mem
 native code costs that model, not the daemon. The protocol (one JSON object per line):
 
 daemon -> runner
-  {"op": "load", "config": {EngineConfig fields}}
+  {"op": "load", "config": {LoadConfig fields: EngineConfig's, paths as strings}}
   {"op": "generate", "id": "...", "prompt": "text", "context": [ids] | null,
    "options": {GenerateOptions fields}, "prediction": "text" | null, "grammar": GBNF | null,
    "image_marker": "regex with one group, the image's index" | absent,
@@ -57,17 +57,18 @@ import queue
 import sys
 import threading
 import traceback
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from modelhub.engine import protocol as p
 from modelhub.engine.liveness import LOAD_MARK, Heartbeat, write_mark
+from modelhub.engine.load_config import LoadConfig
 from modelhub.errors import ModelhubError, RequestCancelledError, RunnerProtocolError
 
 if TYPE_CHECKING:  # the engine (llama.cpp) loads only in the runner's own start-up
     from modelhub.engine.generate import Engine
-    from modelhub.engine.options import TokenLogprob
+    from modelhub.engine.options import EngineConfig, TokenLogprob
 
 _STOP = object()
 # Numbers per embeddings line: about 1.5 MB of JSON (113 vectors of 576, 16 of 4096).
@@ -76,6 +77,25 @@ EMBED_PIECE_FLOATS = 65536
 # running generation waits at most about that long per step, while short texts do not pay a
 # handover between threads each.
 EMBED_GROUP_TEXTS, EMBED_GROUP_TOKENS = 8, 64
+
+
+def engine_config(config: LoadConfig) -> EngineConfig:
+    """The engine's settings for a load plan: paths as paths, the daemon's unset defaults
+    (None) left to the engine's."""
+    from modelhub.engine.options import DraftSource, EngineConfig
+
+    values = {k: v for k, v in config.model_dump().items() if v is not None}
+    for key in ("model_path", "draft_path", "state_dir", "projector_path"):
+        if key in values:
+            values[key] = Path(values[key])
+    values["adapter_paths"] = [Path(a) for a in config.adapter_paths]
+    values["tensor_split"] = list(config.tensor_split)
+    values["rpc_servers"] = list(config.rpc_servers or ())
+    values["draft_candidates"] = [
+        DraftSource(c.name, c.kind, Path(c.path) if c.path else None, c.max_k)
+        for c in config.draft_candidates
+    ]
+    return EngineConfig(**values)
 
 
 def _rss_bytes() -> int:
@@ -151,31 +171,11 @@ class Runner:
         else:
             self.send(p.ErrorEvent.of(error, id=p.request_id(raw)))
 
-    def _load(self, config: dict[str, Any]) -> None:
-        from modelhub.engine.generate import Engine, EngineConfig
-        from modelhub.engine.options import DraftSource
+    def _load(self, config: LoadConfig) -> None:
+        from modelhub.engine.generate import Engine
 
-        unknown = sorted(set(config) - {f.name for f in fields(EngineConfig)})
-        if unknown:
-            error = RunnerProtocolError(f"runner protocol: unknown load settings {unknown}")
-            self.send(p.LoadError.of(error))
-            return
-        cfg = dict(config)
-        for key in ("model_path", "draft_path", "state_dir"):
-            if cfg.get(key):
-                cfg[key] = Path(cfg[key])
-        cfg["draft_candidates"] = [
-            DraftSource(
-                str(c["name"]),
-                c["kind"],
-                Path(c["path"]) if c.get("path") else None,
-                int(c["max_k"]),
-            )
-            for c in cfg.get("draft_candidates") or []
-        ]
-        cfg["adapter_paths"] = [Path(p) for p in cfg.get("adapter_paths") or []]
         try:
-            self.engine = Engine(EngineConfig(**cfg))
+            self.engine = Engine(engine_config(config))
         except ModelhubError as exc:
             self.send(p.LoadError.of(exc))
             return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from modelhub.engine.load_config import LoadConfig
 from modelhub.library.damage import check_load_files
 from modelhub.runtime.runner_process import RunnerProcess
 from modelhub.store import Store
@@ -26,6 +27,6 @@ class CheckedRunner(RunnerProcess):
         super().__init__(label)
         self.store = store
 
-    async def start(self, config: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-        await asyncio.to_thread(check_load_files, self.store, self.label, config)
+    async def start(self, config: LoadConfig, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        await asyncio.to_thread(check_load_files, self.store, self.label, config.model_dump())
         return await super().start(config, *args, **kwargs)

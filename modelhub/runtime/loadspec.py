@@ -6,17 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelhub.engine.load_config import LoadConfig
 from modelhub.runtime.memory import MemoryEstimate
 
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """What to load. ``config`` holds EngineConfig fields (paths as strings)."""
+    """What to load: ``config`` is the load plan the runner receives."""
 
     name: str  # display name of the model that asked for it
     digest: str  # manifest digest (for /api/ps)
     model_blob: str  # weights digest: the runner identity with ``config``
-    config: tuple[tuple[str, Any], ...]
+    config: LoadConfig
     details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     memory: MemoryEstimate = field(default_factory=MemoryEstimate, compare=False, hash=False)
     # The same model without its draft models, loaded when memory is short for them (SPEC-13).
@@ -24,7 +25,7 @@ class LoadSpec:
     note: str = field(default="", compare=False, hash=False)  # why this spec was chosen
 
     @property
-    def key(self) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    def key(self) -> tuple[str, LoadConfig]:
         return (self.model_blob, self.config)
 
     @staticmethod
@@ -32,40 +33,25 @@ class LoadSpec:
         name: str,
         digest: str,
         model_blob: str,
-        config: dict[str, Any],
+        config: dict[str, Any] | LoadConfig,
         details: dict[str, Any],
         memory: MemoryEstimate | None = None,
         *,
         lean: LoadSpec | None = None,
         note: str = "",
     ) -> LoadSpec:
+        """``config`` as a dict is checked into a :class:`LoadConfig` here (a field it does
+        not have is a bug, refused loudly)."""
         return LoadSpec(
             name,
             digest,
             model_blob,
-            tuple(sorted((k, _freeze(v)) for k, v in config.items())),
+            LoadConfig.model_validate(config),
             dict(details),
             memory or MemoryEstimate(),
             lean,
             note,
         )
-
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-def thaw(value: Any) -> Any:
-    """What ``_freeze`` made, back as dicts and lists (an empty tuple stays one)."""
-    if not isinstance(value, tuple) or not value:
-        return value
-    if all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value):
-        return {k: thaw(v) for k, v in value}
-    return [thaw(v) for v in value]
 
 
 @dataclass

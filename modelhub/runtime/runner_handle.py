@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from modelhub.engine.load_config import LoadConfig
+
 
 class RunnerHandle(Protocol):
     label: str
@@ -28,7 +30,7 @@ class RunnerHandle(Protocol):
         """It died of SIGILL (``engine.cpu``'s repacking fault: load again without it)."""
 
     async def start(
-        self, config: dict[str, Any], timeout: float = 300, *, silence_limit: float = 0
+        self, config: LoadConfig, timeout: float = 300, *, silence_limit: float = 0
     ) -> dict[str, Any]:
         """Load; the ``loaded`` event's fields, or the load's error (nothing left running)."""
 

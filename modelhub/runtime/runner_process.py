@@ -32,6 +32,7 @@ from typing import Any
 from modelhub.engine import protocol as p
 from modelhub.engine.cpu import REINSTALL_HINT
 from modelhub.engine.liveness import LOAD_MARK, heartbeat_interval
+from modelhub.engine.load_config import LoadConfig
 from modelhub.errors import ModelhubError, RunnerCrashedError, RunnerProtocolError
 from modelhub.runtime.runner_log import RunnerLog
 
@@ -75,7 +76,7 @@ class RunnerProcess:
         return self.exit_code == -signal.SIGILL
 
     async def start(
-        self, config: dict[str, Any], timeout: float = 300, *, silence_limit: float = 0
+        self, config: LoadConfig, timeout: float = 300, *, silence_limit: float = 0
     ) -> dict[str, Any]:
         """Start the runner and load; on any failure (or cancellation) the process is gone.
         ``silence_limit`` > 0: kill the runner when it has said nothing for that long."""
@@ -86,9 +87,9 @@ class RunnerProcess:
             raise
 
     async def _start(
-        self, config: dict[str, Any], timeout: float, silence_limit: float
+        self, config: LoadConfig, timeout: float, silence_limit: float
     ) -> dict[str, Any]:
-        self.repack = config.get("repack")
+        self.repack = config.repack
         env = dict(os.environ)
         # ggml prints a backtrace (attaching gdb where installed) before it aborts: slow, and
         # it buries the one line that says why.

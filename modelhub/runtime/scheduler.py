@@ -36,7 +36,7 @@ from typing import Any
 
 from modelhub.config import DEFAULT_RUNNER_TIMEOUT
 from modelhub.errors import InsufficientMemoryError, RunnerCrashedError, ServerBusyError
-from modelhub.runtime.loadspec import DraftTally, LoadSpec, thaw
+from modelhub.runtime.loadspec import DraftTally, LoadSpec
 from modelhub.runtime.memory import MemoryEstimate, available_bytes, gib
 from modelhub.runtime.runner_handle import RunnerHandle
 from modelhub.runtime.runner_process import RunnerProcess
@@ -210,9 +210,8 @@ class Scheduler:
     async def _may_offload(self, spec: LoadSpec) -> bool:
         """Whether some of ``spec`` may go to RPC workers or a GPU (then how much stays in
         this machine's memory is known only once llama.cpp has placed it)."""
-        config = dict(spec.config)
-        num_gpu = int(config.get("num_gpu", self.num_gpu))
-        servers = config.get("rpc_servers", self.rpc_servers)
+        num_gpu = self.num_gpu if spec.config.num_gpu is None else spec.config.num_gpu
+        servers = self.rpc_servers if spec.config.rpc_servers is None else spec.config.rpc_servers
         if num_gpu == 0:
             return False
         if servers or num_gpu > 0:
@@ -224,7 +223,7 @@ class Scheduler:
     def _needs(self, spec: LoadSpec) -> tuple[MemoryEstimate, int]:
         """The memory ``spec`` needs and its number of sequences (automatic: 4 if that fits
         in what is free now, else 1)."""
-        asked = int(dict(spec.config).get("n_parallel") or 0) or self.num_parallel
+        asked = spec.config.n_parallel or self.num_parallel
         if asked <= 0:
             free = self._free_memory()
             four = spec.memory.with_sequences(AUTO_PARALLEL, self.kv_cache_type)
@@ -234,25 +233,26 @@ class Scheduler:
     async def _load(
         self, spec: LoadSpec, keep_alive: float | None, memory: MemoryEstimate, sequences: int
     ) -> Loaded:
-        config = thaw(spec.config)
-        config["n_parallel"] = sequences
-        config["kv_cache_type"] = self.kv_cache_type
-        config["flash_attn"] = self.flash_attention
-        config.setdefault("num_gpu", self.num_gpu)
-        config.setdefault("rpc_servers", self.rpc_servers)
-        if self.repack is not None:
-            config["repack"] = self.repack
+        given = spec.config
+        config = given.with_(
+            n_parallel=sequences,
+            kv_cache_type=self.kv_cache_type,
+            flash_attn=self.flash_attention,
+            num_gpu=self.num_gpu if given.num_gpu is None else given.num_gpu,
+            rpc_servers=self.rpc_servers if given.rpc_servers is None else given.rpc_servers,
+            repack=given.repack if self.repack is None else self.repack,
+        )
         process = self.runner_factory(spec.name)
         started = time.monotonic()
         try:
             info = await process.start(config, silence_limit=self.runner_timeout)
         except RunnerCrashedError:
-            if not process.illegal_instruction or config.get("repack") is False:
+            if not process.illegal_instruction or config.repack is False:
                 raise
             self._repack_faulted(spec.name)
             process = self.runner_factory(spec.name)
             info = await process.start(
-                {**config, "repack": False}, silence_limit=self.runner_timeout
+                config.with_(repack=False), silence_limit=self.runner_timeout
             )
         if self.repack is None:  # the first runner decided for this machine: tell the next ones
             self.repack = bool(info.get("repack", True))

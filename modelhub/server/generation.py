@@ -46,7 +46,7 @@ async def run_on_runner(
     """Yield runner events; the first one is ``{"event": "ready", "load_duration": ns}``.
     With ``fit``, the prompt is what it makes on the runner (``msg["prompt"]`` is replaced)."""
     if msg.get("op") == "generate":
-        n_ctx = int(dict(plan.spec.config).get("n_ctx") or 0)
+        n_ctx = plan.spec.config.n_ctx
         text = fit.shortest() if fit is not None else str(msg.get("prompt") or "")
         await asyncio.to_thread(check_prompt_fits, state, plan.spec.model_blob, text, n_ctx)
     # An embedding takes no sequence: it runs beside generations (see runtime.scheduler).
@@ -97,7 +97,7 @@ def runner_counter(loaded: Loaded, extra: dict[str, Any] | None = None) -> Count
 
 def context_size(loaded: Loaded) -> int:
     """The context the runner has (llama.cpp may round it; the trained length caps it)."""
-    return int(loaded.info.get("n_ctx") or dict(loaded.spec.config)["n_ctx"])
+    return int(loaded.info.get("n_ctx") or loaded.spec.config.n_ctx)
 
 
 def ndjson(obj: dict[str, Any]) -> bytes:

@@ -14,15 +14,12 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from modelhub.engine import protocol as p
-from modelhub.engine.options import EngineConfig
-from modelhub.errors import ModelhubError, RunnerCrashedError, RunnerProtocolError
-
-# What a load may say (``EngineConfig``'s fields; engine.options loads no llama.cpp).
-LOAD_FIELDS = frozenset(f.name for f in fields(EngineConfig))
+from modelhub.engine.load_config import LoadConfig
+from modelhub.errors import ModelhubError, RunnerCrashedError
 
 
 @dataclass
@@ -56,7 +53,7 @@ class FakeRunner:
         self.received = received  # every request of every runner, in order (shared)
         self.dead = False
         self.started = False
-        self.config: dict[str, Any] = {}
+        self.config: dict[str, Any] = {}  # the load plan as it crossed the pipe
 
     @property
     def pid(self) -> int | None:
@@ -67,25 +64,23 @@ class FakeRunner:
         return False
 
     async def start(
-        self, config: dict[str, Any], timeout: float = 300, *, silence_limit: float = 0
+        self, config: LoadConfig, timeout: float = 300, *, silence_limit: float = 0
     ) -> dict[str, Any]:
-        self.received.append(p.decode_request({"op": "load", "config": config}))
-        unknown = sorted(set(config) - LOAD_FIELDS)
-        if unknown:
-            raise RunnerProtocolError(f"runner protocol: unknown load settings {unknown}")
+        load = p.decode_request(p.Load(config=config).encode())  # as the pipe carries it
+        self.received.append(load)
         await asyncio.sleep(self.script.load_delay)
         if self.script.crash_at_load:
             self.dead = True
             raise RunnerCrashedError(f"model runner for {self.label} stopped unexpectedly")
         if self.script.load_error is not None:
             raise self.script.load_error
-        self.started, self.config = True, config
-        asked = int(config.get("n_parallel") or 1)
+        self.started, self.config = True, p.Load(config=config).wire()["config"]
+        asked = config.n_parallel or 1
         loaded = p.Loaded(
             pid=os.getpid(),
-            n_ctx=self.script.n_ctx or int(config.get("n_ctx") or 2048),
+            n_ctx=self.script.n_ctx or config.n_ctx,
             n_parallel=self.script.n_parallel or asked,
-            kv_cache_type=str(config.get("kv_cache_type") or "auto"),
+            kv_cache_type=config.kv_cache_type,
         )
         return p.decode_event(loaded.encode()).wire()
 

@@ -26,7 +26,8 @@ from modelhub.engine.speculative.ngram import NgramDrafter, NgramPool
 from modelhub.errors import DraftError
 
 if TYPE_CHECKING:
-    from modelhub.engine.options import DraftKind, EngineConfig
+    from modelhub.engine.load_config import DraftKind
+    from modelhub.engine.options import EngineConfig
 
 # n-gram guesses cost nothing to make: a long bound, which the confidence cut trims.
 NGRAM_DRAFT_LEN = 16
