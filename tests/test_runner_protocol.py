@@ -196,3 +196,16 @@ def test_a_misspelt_load_setting_fails_where_the_plan_is_made() -> None:
 
     with pytest.raises(ValidationError, match="n_ctxx"):
         LoadSpec.make("m", "sha256:0", "sha256:1", {"model_path": "/m", "n_ctxx": 5}, {})
+
+
+def test_the_done_result_is_the_generate_result_field_for_field() -> None:
+    from modelhub.engine.options import GenerateResult
+
+    engine = {f.name for f in fields(GenerateResult)} - {"tokens"}
+    assert set(p.DoneResult.model_fields) == engine | {"context"}
+    with pytest.raises(RunnerProtocolError, match="draft_acepted_count"):
+        p.decode_event(
+            '{"event": "done", "id": "r", "result": {"text": "", "done_reason": "stop", '
+            '"prompt_eval_count": 1, "prompt_eval_duration_ns": 1, "eval_count": 0, '
+            '"eval_duration_ns": 1, "draft_acepted_count": 3}}'
+        )

@@ -17,7 +17,8 @@ msgspec would be another dependency for a few microseconds a line).
 - An error keeps its class: ``ErrorEvent`` carries the class's name beside its kind
   (``errors.error_name``), and :meth:`ErrorEvent.exception` raises that class again.
 
-``load``'s config is the daemon's load plan itself (``engine.load_config.LoadConfig``).
+``load``'s config is the daemon's load plan itself (``engine.load_config.LoadConfig``) and
+``done``'s result is ``GenerateResult``'s fields (``DoneResult``; a test holds them together).
 """
 
 from __future__ import annotations
@@ -244,10 +245,34 @@ class Token(Message):
     logprob: dict[str, Any] | None = None  # {"token", "logprob", "bytes", "top": [...]}
 
 
+class DoneResult(Message):
+    """``GenerateResult``'s fields (see its docstring) less ``tokens``, and ``context``: the
+    prompt's and the answer's token ids, for the next request of a conversation."""
+
+    text: str
+    done_reason: Literal["stop", "length", "cancel"]
+    prompt_eval_count: int
+    prompt_eval_duration_ns: int
+    eval_count: int
+    eval_duration_ns: int
+    draft_count: int = 0
+    draft_accepted_count: int = 0
+    draft_steps: int = 0
+    draft_time_ns: int = 0
+    verify_time_ns: int = 0
+    drafter: str | None = None
+    drafter_name: str | None = None
+    draft_count_by_position: list[int] = Field(default_factory=list)
+    draft_accepted_by_position: list[int] = Field(default_factory=list)
+    plain_estimate_ns: int = 0
+    stop_sequence: str | None = None
+    context: list[int] = Field(default_factory=list)
+
+
 class Done(Message):
     event: Literal["done"] = "done"
     id: str
-    result: dict[str, Any]  # GenerateResult's fields (less ``tokens``) and ``context``
+    result: DoneResult
 
 
 class Vectors(Message):

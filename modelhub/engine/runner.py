@@ -322,8 +322,8 @@ class Runner:
                     self._send_error(rid, error)
                 elif result is not None:
                     payload = {k: v for k, v in asdict(result).items() if k != "tokens"}
-                    payload["context"] = tokens + list(result.tokens)
-                    self.send(p.Done(id=rid, result=payload))
+                    context = tokens + list(result.tokens)
+                    self.send(p.Done(id=rid, result=p.DoneResult(**payload, context=context)))
             finally:
                 self._forget(rid)
 

@@ -131,17 +131,17 @@ class FakeRunner:
         if s.error is not None and s.error_after >= len(tokens):
             yield p.ErrorEvent.of(s.error, id=rid)
         accepted = sum(1 for _, d in tokens if d)
-        result = {
-            "text": "".join(t for t, _ in tokens),
-            "done_reason": "length" if len(tokens) < len(s.tokens) else "stop",
-            "prompt_eval_count": prompt_tokens,
-            "prompt_eval_duration_ns": 1000,
-            "eval_count": len(tokens),
-            "eval_duration_ns": 1000 * max(1, len(tokens)),
-            "draft_count": accepted,
-            "draft_accepted_count": accepted,
-            "context": [*(req.context or []), *range(prompt_tokens + len(tokens))],
-        }
+        result = p.DoneResult(
+            text="".join(t for t, _ in tokens),
+            done_reason="length" if len(tokens) < len(s.tokens) else "stop",
+            prompt_eval_count=prompt_tokens,
+            prompt_eval_duration_ns=1000,
+            eval_count=len(tokens),
+            eval_duration_ns=1000 * max(1, len(tokens)),
+            draft_count=accepted,
+            draft_accepted_count=accepted,
+            context=[*(req.context or []), *range(prompt_tokens + len(tokens))],
+        )
         yield p.Done(id=rid, result=result)
 
     async def close(self) -> None:
