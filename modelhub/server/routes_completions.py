@@ -25,7 +25,7 @@ from modelhub.errors import InputError, ModelhubError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyPart
 from modelhub.runtime.planning import keep_alive_seconds
-from modelhub.server import logprobs, schemas
+from modelhub.server import logprobs
 from modelhub.server.completion_request import (
     Setup,
     chat_setup,
@@ -37,8 +37,10 @@ from modelhub.server.errors import error_body
 from modelhub.server.generation import chained, collect, fitted_prompt
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
+from modelhub.server.openai_models import ChatCompletionBody, CompletionBody
 from modelhub.server.prompts import generate_prompt
 from modelhub.server.reply_options import request_grammar
+from modelhub.server.request_models import openapi_body
 from modelhub.server.requests import field, read_model_request
 from modelhub.server.state import ServerState, get_state
 from modelhub.server.truncation import ChatFit
@@ -48,12 +50,12 @@ router = APIRouter()
 Event = dict[str, Any]
 
 
-@router.post("/v1/chat/completions", openapi_extra=schemas.OPENAI_CHAT)
+@router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
 async def chat_completions(request: Request) -> Response:
     return await _run(request, chat=True)
 
 
-@router.post("/v1/completions", openapi_extra=schemas.OPENAI_COMPLETION)
+@router.post("/v1/completions", openapi_extra=openapi_body(CompletionBody))
 async def completions(request: Request) -> Response:
     return await _run(request, chat=False)
 

@@ -17,10 +17,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from modelhub.server import schemas
 from modelhub.server.embedding import embed_texts, input_texts, normalise
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
+from modelhub.server.openai_models import EmbeddingsRequestBody
+from modelhub.server.request_models import openapi_body
 from modelhub.server.requests import field, read_model_request
 from modelhub.server.state import get_state
 
@@ -44,7 +45,7 @@ async def get_model(request: Request, model: str) -> Response:
     return JSONResponse(_model_entry(view.name.display, view.stored.modified))
 
 
-@router.post("/v1/embeddings", openapi_extra=schemas.OPENAI_EMBEDDINGS)
+@router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingsRequestBody))
 async def embeddings(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
