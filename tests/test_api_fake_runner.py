@@ -4,6 +4,7 @@ Python client, streamed or not, 5xx included. No runner process, no llama.cpp.""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -260,3 +261,19 @@ def test_responses_usage_counts_the_drafts(fake: FakeDaemon) -> None:
         2,
         2,
     )
+
+
+def test_an_unknown_option_is_ignored_with_a_warning_in_the_log(
+    fake: FakeDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As Ollama: a request's option that does not exist is not an error, the log names it,
+    and it reaches the runner under no name."""
+    fake.add_model()
+    body = {"model": "tiny", "prompt": "hi", "stream": False}
+    body["options"] = {"temprature": 0.2, "temperature": 0.5}
+    with caplog.at_level(logging.WARNING, logger="modelhub.planning"):
+        r = fake.http.post("/api/generate", json=body)
+    assert r.status_code == 200, r.text
+    assert "invalid option provided: 'temprature'" in caplog.text
+    _, options = received(fake)
+    assert options["temperature"] == 0.5 and "temprature" not in options

@@ -7,6 +7,7 @@ the rest are per request.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -27,9 +28,11 @@ from modelhub.library.views import (
     ModelView,
     ModelViews,
 )
-from modelhub.modelfile import check_parameter, coerce_option
+from modelhub.modelfile import PARAMETER_TYPES, check_parameter, coerce_option
 from modelhub.runtime.loadspec import LoadSpec
 from modelhub.runtime.memory import MemoryEstimate, adapters_estimate, estimate
+
+log = logging.getLogger("modelhub.planning")
 
 DEFAULT_NUM_CTX = DEFAULT_CONTEXT_LENGTH
 LOAD_KEYS = (
@@ -44,7 +47,10 @@ LOAD_KEYS = (
     "draft_p_min",
     "draft_adaptive",
 )
-IGNORED_LOAD_KEYS = ("use_mmap",)  # llama.cpp maps the file whenever it can
+IGNORED_LOAD_KEYS = ("use_mmap",)
+REQUEST_ONLY_KEYS = (
+    "draft",
+)  # options a request may give but a Modelfile may not  # llama.cpp maps the file whenever it can
 RUNTIME_KEYS = (
     "num_predict",
     "num_keep",
@@ -105,6 +111,9 @@ def merged_options(view: ModelView, request_options: dict[str, Any] | None) -> d
     for key, value in (request_options or {}).items():
         if value is None:
             continue
+        if key not in PARAMETER_TYPES and key not in REQUEST_ONLY_KEYS:
+            # As Ollama: a request's unknown option is ignored, and the log says so.
+            log.warning("invalid option provided: %r (ignored)", key)
         if key == "rpc_servers":  # SEC-22: never a connection a remote party chooses
             raise InputError(
                 "option rpc_servers cannot be set by a request: RPC workers come from the "
