@@ -2,8 +2,9 @@
 
 ``input`` (text or items) becomes items with ids (what ``input_items`` lists and a stored
 response keeps); the conversation a request continues (``previous_response_id``) comes first;
-the items become chat messages: ``message`` items (``input_image`` parts as the chat's
-``image_url`` parts, which ``server.images`` turns into the message's ``images``),
+the items become chat messages: ``message`` items (``input_image`` and ``input_audio`` parts as
+the chat's ``image_url`` and ``input_audio`` parts, which ``server.images`` turns into the
+message's ``images``),
 ``function_call`` items as an assistant turn's ``tool_calls`` (parallel calls in one turn),
 ``function_call_output`` as ``tool`` messages, and ``reasoning`` items as the ``thinking`` of
 the assistant turn that follows them (the template decides whether to show it again).
@@ -18,6 +19,7 @@ import secrets
 from typing import Any
 
 from modelhub.errors import InputError
+from modelhub.server.audio import openai_audio
 from modelhub.server.images import image_url_data
 
 _PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
@@ -203,8 +205,9 @@ def _reasoning_text(item: dict[str, Any]) -> str:
 
 def _content(content: Any, where: str) -> Any:
     """A message item's content as chat-completions content: its text, or, with
-    ``input_image`` parts, text and ``image_url`` parts (``server.images`` reads those into
-    the message's ``images``, as on /v1/chat/completions)."""
+    ``input_image`` or ``input_audio`` parts, text and then ``image_url`` and ``input_audio``
+    parts in their order (``server.images`` reads those into the message's ``images``, as on
+    /v1/chat/completions)."""
     if isinstance(content, str):
         return content
     texts: list[str] = []
@@ -215,10 +218,12 @@ def _content(content: Any, where: str) -> Any:
             texts.append(str(part.get("text", "")))
         elif kind == "input_image":
             images.append(_image(part, f"{where}.content[{j}]"))
+        elif kind == "input_audio":
+            images.append(_audio(part, f"{where}.content[{j}]"))
         else:
             raise InputError(
                 f"{where}: content parts of type {kind!r} are not supported "
-                "(input_text and input_image)"
+                "(input_text, input_image and input_audio)"
             )
     if not images:
         return "".join(texts)
@@ -236,6 +241,19 @@ def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
         )
     data = image_url_data(part.get("image_url"), where)
     return {"type": "image_url", "image_url": {"url": f"data:;base64,{data}"}}
+
+
+def _audio(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``input_audio`` part (``{"input_audio": {"data", "format"}}``, as the chat's; the
+    older flat ``{"data", "format"}`` too) as a chat ``input_audio`` part, checked here so
+    that errors name the input item."""
+    body = part.get("input_audio")
+    if body is None and "data" in part:
+        body = {"data": part.get("data"), "format": part.get("format")}
+    chat = {"type": "input_audio", "input_audio": body}
+    data = openai_audio(chat, where)
+    fmt = body.get("format") if isinstance(body, dict) else None
+    return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
 
 
 def _tool(tool: Any, index: int) -> dict[str, Any]:
