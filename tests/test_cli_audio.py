@@ -12,8 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from modelhub.cli.images import attach, extract_images, is_audio
+from modelhub.cli.main import cli
 from modelhub.errors import InputError
 from tests.fixtures.synthetic_audio_projector import mp3_bytes, tone, wav_bytes
 
@@ -88,3 +90,8 @@ def test_run_attaches_the_named_clip_through_the_daemon(daemon: Any, tmp_path: P
     assert run.stdout.strip() == answer.strip() and answer.strip()
     without = daemon.cli("run", "smol-audio-cli", "what is said in", cwd=tmp_path)
     assert without.stdout.strip() != run.stdout.strip()
+
+
+def test_run_help_mentions_audio_files() -> None:
+    out = " ".join(CliRunner().invoke(cli, ["run", "--help"]).output.split())
+    assert "image files named in the prompt" in out and "audio files (./clip.wav" in out

@@ -189,7 +189,8 @@ def run(
 
     Text piped on stdin is put before PROMPT. A model the daemon does not have is pulled
     first. For a model that reads images, image files named in the prompt (./photo.png,
-    /path/to/a.jpg) are attached. In the chat, type /? for help.
+    /path/to/a.jpg) are attached; for a model that reads audio, audio files (./clip.wav,
+    ~/talk.mp3) too. In the chat, type /? for help.
     """
     keep_alive = keep_alive_value(keepalive) if keepalive is not None else None
     thinking = think_value(think)
