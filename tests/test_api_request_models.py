@@ -1,8 +1,9 @@
-"""The Ollama routes parse their bodies once, into the models of
-``server/request_models.py``, and the OpenAPI document's request bodies are those models'
-schemas: one definition of each shape. Bad input keeps this API's messages (Ollama's where it
-has them) and status; unknown fields are ignored and ``null`` counts as absent, as in Ollama.
-In-process over fake runners."""
+"""Every route parses its body once, into the models of ``server/request_models.py`` (Ollama's
+routes) and ``server/openai_models.py`` (/v1/chat/completions, /v1/completions,
+/v1/embeddings), and the OpenAPI document's request bodies are those models' schemas: one
+definition of each shape. Bad input keeps this API's messages (Ollama's where it has them) and
+status; unknown fields are ignored and ``null`` counts as absent, as in Ollama and
+OpenAI-compatible servers. In-process over fake runners."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from modelhub.config import Settings
 from modelhub.errors import InputError, InvalidNameError
 from modelhub.server import request_models as rm
 from modelhub.server.app import create_app
-from modelhub.server.openai_models import ChatCompletionBody, CompletionBody, EmbeddingsRequestBody
+from modelhub.server.openai_models import (
+    ChatCompletionBody,
+    ChatFields,
+    CompletionBody,
+    EmbeddingsRequestBody,
+    chat_fields,
+)
 from tests.fakes.daemon import FakeDaemon, fake_daemon
 
 ROUTES: dict[str, type[rm.Body]] = {
@@ -242,6 +249,220 @@ def test_values_come_out_typed() -> None:
     assert parse(rm.CopyBody, source="a", destination="b").destination == "b"
 
 
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "message"),
+    [
+        (ChatCompletionBody, {"model": "m"}, "messages must be a non-empty array"),
+        (ChatCompletionBody, {**CHAT, "messages": []}, "messages must be a non-empty array"),
+        (ChatCompletionBody, {**CHAT, "messages": [1]}, "messages[0] must be an object"),
+        (
+            ChatCompletionBody,
+            {**CHAT, "messages": [{"role": "bot"}]},
+            "messages[0].role 'bot' is not supported",
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "messages": [{"role": "user", "content": [{"type": "file"}]}]},
+            "messages[0]: content part type 'file' is not supported",
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "messages": [{"role": "user", "content": 3}]},
+            "messages[0]: content must be a string or an array of parts",
+        ),
+        (
+            ChatCompletionBody,
+            {
+                **CHAT,
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": "http://x"}]}
+                ],
+            },
+            "messages[0].content[0]: remote image URLs are not fetched; send the image as a "
+            "data: URL (data:image/png;base64,...)",
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "messages": [{"role": "assistant", "tool_calls": {}}]},
+            "messages[0].tool_calls must be an array of objects",
+        ),
+        (ChatCompletionBody, {**CHAT, "max_tokens": 0}, "max_tokens must be a positive integer"),
+        (
+            ChatCompletionBody,
+            {**CHAT, "max_completion_tokens": "8"},
+            "max_completion_tokens must be a positive integer",
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "temperature": "hot"},
+            'field "temperature" must be of type number, got string',
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "presence_penalty": -(10**400)},
+            f'field "presence_penalty" is out of range for a number, got {-(10**400)}',
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "seed": 1.5},
+            'field "seed" must be of type integer, got number',
+        ),
+        (ChatCompletionBody, {**CHAT, "stop": [1]}, "stop must be a string or an array of strings"),
+        (
+            ChatCompletionBody,
+            {**CHAT, "response_format": "json"},
+            "response_format must be an object",
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "response_format": {"type": "xml"}},
+            "response_format type 'xml' is not supported",
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema.schema must be a JSON schema object",
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "prediction": "hello"},
+            'prediction must be {"type": "content", "content": ...}',
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "reasoning_effort": "huge"},
+            'reasoning_effort must be "none", "minimal", "low", "medium", "high", "xhigh", '
+            '"ultra" or "max"',
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "think": "lots"},
+            'think must be true, false, "low", "medium", "high" or "max"',
+        ),
+        (ChatCompletionBody, {**CHAT, "logprobs": 1}, 'field "logprobs" must be a boolean'),
+        (ChatCompletionBody, {**CHAT, "top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+        (
+            ChatCompletionBody,
+            {**CHAT, "logprobs": True, "top_logprobs": 21},
+            "top_logprobs must be between 0 and 20, got 21",
+        ),
+        (ChatCompletionBody, {**CHAT, "grammar": 1}, 'field "grammar" must be a GBNF string'),
+        (
+            ChatCompletionBody,
+            {**CHAT, "tools": [1]},
+            'field "tools[0]" must be of type object, got integer',
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "stream_options": []},
+            'field "stream_options" must be of type object, got array',
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "_debug_render_only": "yes"},
+            'field "_debug_render_only" must be of type boolean, got string',
+        ),
+        (
+            ChatCompletionBody,
+            {**CHAT, "keep_alive": "5"},
+            "keep_alive: invalid duration '5' (missing unit in duration; e.g. '5m', '30s', '-1')",
+        ),
+        (CompletionBody, {"model": "m"}, "prompt must be a string"),
+        (CompletionBody, {"model": "m", "prompt": ["a", "b"]}, "prompt must be a string"),
+        (
+            CompletionBody,
+            {"model": "m", "prompt": "a", "logprobs": True},
+            "logprobs must be an integer between 0 and 5 on /v1/completions",
+        ),
+        (
+            CompletionBody,
+            {"model": "m", "prompt": "a", "suffix": 1},
+            'field "suffix" must be of type string, got integer',
+        ),
+        (
+            EmbeddingsRequestBody,
+            {"model": "m"},
+            "input must be a non-empty string or array of strings",
+        ),
+        (
+            EmbeddingsRequestBody,
+            {"model": "m", "input": "a", "dimensions": "8"},
+            'field "dimensions" must be of type integer, got string',
+        ),
+        (
+            EmbeddingsRequestBody,
+            {"model": "m", "input": "a", "encoding_format": "hex"},
+            'encoding_format must be "float" or "base64"',
+        ),
+    ],
+)
+def test_openai_bodies_get_their_messages(
+    model: type[rm.Body], data: dict[str, Any], message: str
+) -> None:
+    assert str(refused(model, data)) == message
+
+
+def test_openai_values_come_out_typed_and_unknown_fields_are_ignored() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    body = parse(
+        ChatCompletionBody,
+        model="m",
+        messages=[
+            {"role": "developer", "content": [{"type": "text", "text": "be "}, image]},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "hmm",
+                "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "4"},
+        ],
+        stop="END",
+        max_completion_tokens=8,
+        response_format={"type": "json_object"},
+        prediction={"type": "content", "content": [{"type": "text", "text": "guess"}]},
+        reasoning_effort="xhigh",
+        stream_options={"include_usage": True, "other": 1},
+        logprobs=True,
+        _debug_render_only=True,
+        n=3,  # unknown to this server: ignored, as OpenAI-compatible servers do
+        user="someone",
+        top_k=None,
+    )
+    system, assistant, tool = body.messages
+    assert system == {"role": "system", "content": "be ", "images": ["iVBORw0KGgo="]}
+    assert assistant["thinking"] == "hmm" and assistant["content"] == ""
+    assert (tool["tool_call_id"], tool["tool_name"]) == ("c1", "f")
+    assert (body.stop, body.max_completion_tokens, body.response_format) == (["END"], 8, "json")
+    assert (body.prediction, body.thinking, body.alternatives()) == ("guess", "max", 0)
+    assert body.stream_options.include_usage and body.debug_render_only and body.top_k is None
+    assert not hasattr(body, "n") and not hasattr(body, "user")
+    schema = {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}
+    assert parse(ChatCompletionBody, **CHAT, response_format=schema).response_format == {
+        "type": "object"
+    }
+    off = parse(ChatCompletionBody, **CHAT, reasoning_effort="none", think=True)
+    assert off.thinking is False  # OpenAI's name wins over Ollama's
+    assert parse(CompletionBody, model="m", prompt=["one"], logprobs=2).prompt == "one"
+    embed = parse(EmbeddingsRequestBody, model="m", input="a", encoding_format="base64")
+    assert (embed.input, embed.encoding_format, embed.dimensions) == (["a"], "base64", 0)
+
+
+def test_translated_requests_parse_as_chat_fields() -> None:
+    """/v1/responses, /v1/messages and transcriptions hand the chat path a ChatFields: their
+    messages may come separately, and their fields are checked as a chat body's."""
+    fields = chat_fields({"temperature": 0.5, "stop": ["x"], "think": False, "model": "m"})
+    assert isinstance(fields, ChatFields) and fields.messages is None
+    assert (fields.temperature, fields.stop, fields.thinking) == (0.5, ["x"], False)
+    with pytest.raises(InputError, match="messages must be a non-empty array"):
+        chat_fields({"messages": []})
+    with pytest.raises(InputError, match='field "top_p" must be of type number, got string'):
+        chat_fields({"top_p": "high"})
+
+
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDaemon]:
     with fake_daemon(tmp_path_factory.mktemp("bodies")) as d:
@@ -287,6 +508,35 @@ def test_routes_answer_with_the_models_messages(app: FakeDaemon) -> None:
         assert (r.status_code, r.json()) == (400, {"error": message}), path
     shown = app.http.post("/api/show", json={"model": "tiny", "verbose": None, "extra": 1})
     assert shown.status_code == 200, shown.text
+
+
+def test_openai_routes_answer_with_the_models_messages_in_openais_shape(app: FakeDaemon) -> None:
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    for path, body, message in [
+        (
+            "/v1/chat/completions",
+            {**chat, "stop": 3},
+            "stop must be a string or an array of strings",
+        ),
+        (
+            "/v1/chat/completions",
+            {**chat, "stream_options": "x"},
+            'field "stream_options" must be of type object, got string',
+        ),
+        ("/v1/completions", {"model": "tiny"}, "prompt must be a string"),
+        (
+            "/v1/embeddings",
+            {"model": "tiny", "input": "a", "dimensions": 1.5},
+            'field "dimensions" must be of type integer, got number',
+        ),
+    ]:
+        r = app.http.post(path, json=body)
+        assert r.status_code == 400, path
+        assert r.json()["error"]["message"] == message, path
+        assert r.json()["error"]["type"] == "invalid_request_error", path
+    ignored = {"n": 1, "user": "u", "logit_bias": {"1": 2}, "parallel_tool_calls": None}
+    r = app.http.post("/v1/chat/completions", json={**chat, **ignored, "max_tokens": 2})
+    assert r.status_code == 200, r.text
 
 
 def test_create_reads_the_modelfile_field_into_the_same_model(app: FakeDaemon) -> None:

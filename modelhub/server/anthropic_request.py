@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelhub.errors import InputError
+from modelhub.server.openai_models import ChatFields, chat_fields
 from modelhub.server.requests import field
 
 
@@ -29,7 +30,7 @@ from modelhub.server.requests import field
 class MessagesRequest:
     """What a /v1/messages body asks for, in the chat path's terms."""
 
-    chat: dict[str, Any]  # Chat Completions' fields (options, tools, tool_choice, think)
+    chat: ChatFields  # Chat Completions' fields (options, tools, tool_choice, think)
     messages: list[dict[str, Any]]  # the template's messages, system first
 
 
@@ -64,7 +65,8 @@ def read_messages_request(data: dict[str, Any], *, counting: bool = False) -> Me
     schema = _output_schema(data.get("output_config"))
     if schema is not None:
         chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
-    return MessagesRequest(chat, _system(data.get("system")) + _messages(data.get("messages")))
+    messages = _system(data.get("system")) + _messages(data.get("messages"))
+    return MessagesRequest(chat_fields(chat), messages)
 
 
 def _think(thinking: Any, max_tokens: int | None) -> bool | None:

@@ -64,6 +64,7 @@ _EXPECTED = {
     "float_type": "number",
     "dict_type": "object",
     "list_type": "array",
+    "model_type": "object",  # a nested model's value
 }
 
 
@@ -71,9 +72,12 @@ def _error_message(error: Any) -> str:
     loc = [str(part) for part in error["loc"]]
     name = loc[0] + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[1:])
     expected = _EXPECTED.get(error["type"])
+    value = error["input"]
+    if expected == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return f'field "{name}" is out of range for a number, got {value}'
     if expected is None:
         return f'field "{name}": {error["msg"]}'
-    return f'field "{name}" must be of type {expected}, got {json_type(error["input"])}'
+    return f'field "{name}" must be of type {expected}, got {json_type(value)}'
 
 
 def parse_body(cls: type[B], data: dict[str, Any]) -> B:

@@ -29,6 +29,7 @@ from modelhub.server.images import can_see
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
 from modelhub.server.offloop import off_loop
+from modelhub.server.openai_models import chat_fields
 from modelhub.server.requests import model_field
 from modelhub.server.state import get_state
 
@@ -97,10 +98,11 @@ async def transcriptions(request: Request) -> Response:
         {"role": "system", "content": _system(fields)},
         {"role": "user", "content": ASK, "images": [clip["audio"]]},
     ]
-    setup = chat_setup(state, view, data, messages=messages)
+    chat = chat_fields(data)
+    setup = chat_setup(state, view, chat, messages=messages)
     setup.images.pixels.append(clip)  # checked above: not decoded again
     setup = dataclasses.replace(setup, image_todo=[])
-    events = completion_events(state, data, setup, view, started)
+    events = completion_events(state, chat, setup, view, started)
     head = await collect(events, request, first_token_only=False)
     text, result = await _reply(setup, chained(head, events))
     if fields["response_format"] == "text":

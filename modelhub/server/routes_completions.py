@@ -1,7 +1,8 @@
 """OpenAI's completion routes: ``POST /v1/chat/completions`` and ``POST /v1/completions``.
 
-Both run through ``server/completion_request.py`` (a chat body rendered by ``chat_setup``, a
-text prompt by the model's generate template) and answer as OpenAI does, whole or as SSE
+Each parses its body once into its ``server/openai_models.py`` model and runs through
+``server/completion_request.py`` (a chat body rendered by ``chat_setup``, a text prompt by the
+model's generate template) and answer as OpenAI does, whole or as SSE
 chunks. Defaults follow the OpenAI API (temperature and top_p 1.0, no streaming unless asked).
 Usage reports speculative decoding as OpenAI does for Predicted Outputs:
 ``completion_tokens_details.accepted_prediction_tokens`` / ``rejected_prediction_tokens``, and
@@ -21,27 +22,24 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from modelhub.errors import InputError, ModelhubError
+from modelhub.errors import ModelhubError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyPart
-from modelhub.runtime.planning import keep_alive_seconds
 from modelhub.server import logprobs
 from modelhub.server.completion_request import (
     Setup,
     chat_setup,
     completion_events,
-    ollama_format,
     ollama_options,
 )
 from modelhub.server.errors import error_body
 from modelhub.server.generation import chained, collect, fitted_prompt
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
-from modelhub.server.openai_models import ChatCompletionBody, CompletionBody
+from modelhub.server.openai_models import ChatCompletionBody, CompletionBody, SamplingBody
 from modelhub.server.prompts import generate_prompt
 from modelhub.server.reply_options import request_grammar
-from modelhub.server.request_models import openapi_body
-from modelhub.server.requests import field, read_model_request
+from modelhub.server.request_models import openapi_body, read_request
 from modelhub.server.state import ServerState, get_state
 from modelhub.server.truncation import ChatFit
 
@@ -52,32 +50,45 @@ Event = dict[str, Any]
 
 @router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
 async def chat_completions(request: Request) -> Response:
-    return await _run(request, chat=True)
+    started = time.monotonic_ns()
+    state = get_state(request)
+    body = await read_request(request, ChatCompletionBody)
+    view = await find_model(state, body.model)
+    setup = chat_setup(state, view, body)
+    c = _Completion(True, body.model, body.stream, _usage_wanted(body), setup)
+    if body.debug_render_only and setup.fit is not None:
+        return await _rendered_only(state, view, body, c, setup.fit)
+    return await _answer(request, state, view, body, c, started)
 
 
 @router.post("/v1/completions", openapi_extra=openapi_body(CompletionBody))
 async def completions(request: Request) -> Response:
-    return await _run(request, chat=False)
-
-
-async def _run(request: Request, chat: bool) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    req = await read_model_request(request, stream_default=False, alias=False)
-    data = req.data
-    view = await find_model(state, req.model)
-    if chat:
-        setup = chat_setup(state, view, data)
-    else:
-        suffix = field(data, "suffix", str, "")
-        text = generate_prompt(state, view, _completion_prompt(data), suffix=suffix)
-        grammar = request_grammar(data, ollama_format(data), format_field="response_format")
-        setup = Setup(text, grammar, None, None, logprobs.completion_requested(data))
-    usage_wanted = bool(field(data, "stream_options", dict, {}).get("include_usage"))
-    c = _Completion(chat, req.model, req.stream, usage_wanted, setup)
-    if setup.fit is not None and field(data, "_debug_render_only", bool, False):
-        return await _rendered_only(state, view, data, c, setup.fit)
-    events = completion_events(state, data, setup, view, started)
+    body = await read_request(request, CompletionBody)
+    view = await find_model(state, body.model)
+    text = generate_prompt(state, view, body.prompt, suffix=body.suffix)
+    grammar = request_grammar(
+        {"grammar": body.grammar}, body.response_format, format_field="response_format"
+    )
+    setup = Setup(text, grammar, None, None, body.logprobs)
+    c = _Completion(False, body.model, body.stream, _usage_wanted(body), setup)
+    return await _answer(request, state, view, body, c, started)
+
+
+def _usage_wanted(body: SamplingBody) -> bool:
+    return bool(body.stream_options.include_usage)
+
+
+async def _answer(
+    request: Request,
+    state: ServerState,
+    view: ModelView,
+    body: SamplingBody,
+    c: _Completion,
+    started: int,
+) -> Response:
+    events = completion_events(state, body, c.setup, view, started)
     # Up to the first token (or everything, unstreamed): errors keep their status.
     head = await collect(events, request, first_token_only=c.stream)
 
@@ -87,13 +98,13 @@ async def _run(request: Request, chat: bool) -> Response:
 
 
 async def _rendered_only(
-    state: ServerState, view: ModelView, data: dict[str, Any], c: _Completion, fit: ChatFit
+    state: ServerState, view: ModelView, body: ChatCompletionBody, c: _Completion, fit: ChatFit
 ) -> Response:
     """Ollama's ``_debug_render_only`` (as its /v1 answers it): an empty completion whose
     ``_debug_info.rendered_template`` is the prompt the model would be given, after
     truncation; nothing is generated (the model is loaded: its tokenizer counts)."""
-    p = state.plan(view, ollama_options(data))
-    text = await fitted_prompt(state, p, keep_alive_seconds(data.get("keep_alive")), fit)
+    p = state.plan(view, ollama_options(body))
+    text = await fitted_prompt(state, p, body.keep_alive, fit)
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": ""},
@@ -101,17 +112,8 @@ async def _rendered_only(
         "logprobs": None,
     }
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-    body = c.envelope(False, choices=[choice], usage=usage)
-    return JSONResponse({**body, "_debug_info": {"rendered_template": text}})
-
-
-def _completion_prompt(data: dict[str, Any]) -> str:
-    prompt = data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise InputError("prompt must be a string")
-    return prompt
+    body_out = c.envelope(False, choices=[choice], usage=usage)
+    return JSONResponse({**body_out, "_debug_info": {"rendered_template": text}})
 
 
 @dataclass(frozen=True)

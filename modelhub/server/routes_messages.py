@@ -163,7 +163,7 @@ async def messages(request: Request) -> Response:
     setup = chat_setup(state, view, ask.chat, ask.messages)
     events = completion_events(state, ask.chat, setup, view, started)
     head = await collect(events, request, first_token_only=req.stream)
-    reply = _Reply(req.model, list(ask.chat.get("stop") or []))
+    reply = _Reply(req.model, list(ask.chat.stop or []))
     if req.stream:
         prompt = next((e["prompt_tokens"] for e in head if e.get("event") == "prompt"), 0)
         stream = _streamed(reply, setup, chained(head, events), int(prompt or 0))

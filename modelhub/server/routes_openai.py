@@ -17,12 +17,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from modelhub.server.embedding import embed_texts, input_texts, normalise
+from modelhub.server.embedding import embed_texts, normalise
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
 from modelhub.server.openai_models import EmbeddingsRequestBody
-from modelhub.server.request_models import openapi_body
-from modelhub.server.requests import field, read_model_request
+from modelhub.server.request_models import openapi_body, read_request
 from modelhub.server.state import get_state
 
 router = APIRouter()
@@ -49,18 +48,16 @@ async def get_model(request: Request, model: str) -> Response:
 async def embeddings(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    req = await read_model_request(request, stream_default=False, alias=False)
-    texts = input_texts(req.data.get("input"), allow_empty=False)
-    dims = field(req.data, "dimensions", int, 0)
-    view = await find_model(state, req.model)
-    vectors, count, _ = await embed_texts(state, view, texts, {}, None, started)
-    if req.data.get("encoding_format") == "base64":
+    body = await read_request(request, EmbeddingsRequestBody)
+    view = await find_model(state, body.model)
+    vectors, count, _ = await embed_texts(state, view, body.input, {}, None, started)
+    if body.encoding_format == "base64":
         items: list[Any] = [
-            base64.b64encode(struct.pack(f"<{len(v)}f", *normalise(v, dims))).decode()
+            base64.b64encode(struct.pack(f"<{len(v)}f", *normalise(v, body.dimensions))).decode()
             for v in vectors
         ]
     else:
-        items = [normalise(v, dims) for v in vectors]
+        items = [normalise(v, body.dimensions) for v in vectors]
     data = [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(items)]
     usage = {"prompt_tokens": count, "total_tokens": count}
-    return JSONResponse({"object": "list", "data": data, "model": req.model, "usage": usage})
+    return JSONResponse({"object": "list", "data": data, "model": body.model, "usage": usage})

@@ -26,6 +26,7 @@ from modelhub.server.errors import error_body
 from modelhub.server.generation import chained, collect, gathered
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
+from modelhub.server.openai_models import chat_fields
 from modelhub.server.requests import read_model_request
 from modelhub.server.responses_reply import Reply, Streamer, whole_reply
 from modelhub.server.responses_request import chat_request, input_items
@@ -46,7 +47,7 @@ async def responses(request: Request) -> Response:
     previous = await _previous(store, req.data)
     items = input_items(req.data)
     context = previous.conversation() if previous is not None else []
-    chat = chat_request(req.data, items, context)
+    chat = chat_fields(chat_request(req.data, items, context))
     view = await find_model(state, req.model)
     setup = chat_setup(state, view, chat)
     events = completion_events(state, chat, setup, view, started)
