@@ -4,7 +4,10 @@ schema-valid and schema-invalid requests alike never get a 5xx, and leave no run
 reached is the upstream's failure, and there is no network here.
 
 Bounded: a fixed number of examples per operation, against one daemon with a tiny model; valid
-requests name that model (or one that does not exist), so generation routes reach a runner."""
+requests name that model (or one that does not exist), so generation routes reach a runner. The
+runner stays loaded between examples (a 10-minute keep-alive; requests that change a load
+setting still load anew): loading it for every example cost about 2.5 of this file's 4 minutes,
+and loads and unloads under abuse are the soak's subject (``tests/test_soak.py``)."""
 
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ schema.config.generation.update(
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     base = tmp_path_factory.mktemp("fuzz")
-    d = start_daemon(base / "models", base / "daemon.log", {"MODELHUB_KEEP_ALIVE": "0"})
+    d = start_daemon(base / "models", base / "daemon.log", {"MODELHUB_KEEP_ALIVE": "10m"})
     model = write_tiny_llama(base / "tiny.gguf")
     mf = Path(base / "Modelfile")
     mf.write_text(f"FROM {model}\nPARAMETER num_predict 8\n")
