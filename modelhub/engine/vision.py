@@ -41,9 +41,9 @@ from modelhub.errors import GGUFError, InputError, ModelhubError
 
 log = logging.getLogger("modelhub.vision")
 MAX_COUNTED_PIXELS = 64_000_000  # the daemon sends at most 1536 x 1536
-IMAGES_WITH_OBSERVERS = (
-    "images with an EAGLE-3 or DFlash drafter (which read the target's hidden states) are not "
-    'supported yet: send options {"draft": "off"}, or use DRAFT mtp, ngram or a draft model'
+IMAGES_WITH_OBSERVERS = (  # every drafter modelhub has follows them (``vision_drafting``)
+    "images with a drafter that cannot follow the target's states at an image's positions are "
+    'not supported: send options {"draft": "off"}, or use DRAFT mtp, ngram or a draft model'
 )
 
 
