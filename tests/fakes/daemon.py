@@ -5,19 +5,27 @@ exactly as served, with no socket, no runner process and no llama.cpp.
 included), the public ``Client`` over it (``Client(http=...)``) and the :class:`FakeRunners`
 the scheduler makes its runners with. Models are created through the API from the synthetic
 tiny GGUF (real metadata and vocabulary, a few KB): the daemon plans them as it would any
-model; only the runner is fake.
+model; only the runner is fake. ``cli()`` runs our CLI in-process against it (as
+``devtools.daemons.Daemon.cli`` runs it in a subprocess against a real daemon), and
+``http_client()`` gives third-party clients an ``httpx.Client`` of their own over the app.
 """
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import starlette.testclient
+from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from modelhub.cli import models as cli_models
+from modelhub.cli.main import cli as modelhub_cli
 from modelhub.client import Client
 from modelhub.config import Settings
 from modelhub.server.app import build_asgi
@@ -54,6 +62,33 @@ class FakeDaemon:
         statuses = [s.get("status") for s in self.client.create(body)]
         assert statuses[-1] == "success", statuses
         return name
+
+    @property
+    def models(self) -> Path:
+        """The store's directory (``MODELHUB_MODELS``)."""
+        return self.state.store.root
+
+    def http_client(self, **kw: Any) -> Any:
+        """A client of its own over the app, of the HTTP library ``TestClient`` is built on
+        (httpx, or httpx2 where installed); closing it leaves ``http`` open."""
+        kw.setdefault("base_url", BASE_URL)
+        return starlette.testclient.httpx.Client(transport=self.http._transport, **kw)
+
+    def cli(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """``modelhub ARGS`` in-process against this app: the CLI's own code, output and exit
+        status, its client over ``http_client()`` instead of a socket. An exception the CLI
+        did not turn into ``Error: ...`` is raised (a subprocess would print a traceback)."""
+
+        def connect(_base_url: str) -> Client:
+            return Client(http=self.http_client())
+
+        with mock.patch.object(cli_models, "Client", connect):
+            result = CliRunner().invoke(modelhub_cli, list(args), input=input)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return subprocess.CompletedProcess(
+            ["modelhub", *args], result.exit_code, result.stdout, result.stderr
+        )
 
 
 @contextlib.contextmanager
