@@ -4,9 +4,10 @@ An empty body is ``400 missing request body``; malformed JSON or a field of the 
 400 that says which field and what was expected. Unknown fields are ignored. A route that names
 a model reads it with :func:`model_field`: a missing model is ``400 model is required``
 everywhere, a name with spaces around it is refused (never trimmed into another model's name).
-The Ollama routes parse their bodies into the models of ``server/request_models.py`` (which
-use these checks); the ``/v1`` routes read theirs with :func:`read_model_request` and
-:func:`field`.
+The Ollama routes and /v1/chat/completions, /v1/completions and /v1/embeddings parse their
+bodies into the models of ``server/request_models.py`` and ``server/openai_models.py`` (which
+use these checks); /v1/responses and /v1/messages read theirs with :func:`read_model_request`
+and :func:`field`.
 
 Text is decided here, once, as Go's decoder (and so Ollama) decides it: bytes that are not
 UTF-8 and ``\\u`` escapes of lone UTF-16 surrogates become U+FFFD, so no string past this point
