@@ -1,4 +1,8 @@
-"""Model management end to end: real daemon, real GGUFs, our CLI, httpx, the ollama client."""
+"""Model management end to end: real daemon, real GGUFs, our CLI, httpx, the ollama client.
+
+What the daemon decides without a runner or a real model's weights (request checks, blob
+uploads, the Host/Origin guard, create's checks of a GGUF, a template or a DRAFT form, the
+catalog) runs in-process over fake runners (``app``, ``tests/fakes``), the CLI in-process too."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,6 +20,7 @@ import pytest
 from devtools.daemons import Daemon
 from devtools.realmodels import gemma3_270m, smollm2_q4_1
 from modelhub.store import sha256_file
+from tests.fakes.daemon import FakeDaemon, fake_daemon
 from tests.fixtures.synthetic import (
     write_malformed,
     write_tiny_llama,
@@ -60,6 +66,15 @@ def fails(result: object) -> str:
     assert err.startswith("Error: "), err
     assert "Traceback" not in err
     return err
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDaemon]:
+    """The app over fake runners, with the tiny synthetic model as ``smol`` (the name the
+    request bodies use: what these checks decide does not read the weights)."""
+    with fake_daemon(tmp_path_factory.mktemp("models-fake")) as d:
+        d.add_model("smol")
+        yield d
 
 
 @pytest.fixture(scope="module")
@@ -191,26 +206,24 @@ def test_draft_other_tokenizer_refused(daemon: Daemon, smol: str, tmp_path: Path
         assert c.post("/api/show", json={"model": "bad-pair"}).status_code == 404
 
 
-def test_mtp_and_ngram(daemon: Daemon, tmp_path: Path) -> None:
+def test_mtp_and_ngram(app: FakeDaemon, tmp_path: Path) -> None:
     mtp = write_tiny_mtp(tmp_path / "mtp.gguf")
     tiny = write_tiny_llama(tmp_path / "tiny.gguf")
-    ok(daemon.cli("create", "tiny-mtp", "-f", str(modelfile(tmp_path, f"FROM {mtp}\nDRAFT mtp\n"))))
-    with daemon.client() as c:
+    ok(app.cli("create", "tiny-mtp", "-f", str(modelfile(tmp_path, f"FROM {mtp}\nDRAFT mtp\n"))))
+    with app.http_client() as c:
         show = c.post("/api/show", json={"model": "tiny-mtp"}).json()
     assert show["details"]["draft"]["kind"] == "mtp"
     assert "DRAFT mtp" in show["modelfile"]
     err = fails(
-        daemon.cli(
-            "create", "tiny-bad", "-f", str(modelfile(tmp_path, f"FROM {tiny}\nDRAFT mtp\n"))
-        )
+        app.cli("create", "tiny-bad", "-f", str(modelfile(tmp_path, f"FROM {tiny}\nDRAFT mtp\n")))
     )
     assert "MTP" in err
     ok(
-        daemon.cli(
+        app.cli(
             "create", "tiny-ngram", "-f", str(modelfile(tmp_path, f"FROM {tiny}\nDRAFT ngram\n"))
         )
     )
-    with daemon.client() as c:
+    with app.http_client() as c:
         show = c.post("/api/show", json={"model": "tiny-ngram"}).json()
     assert show["details"]["draft"] == {"kind": "ngram"}
     assert show["draft"]["draft_num_predict"] == 16  # the bound in effect: ngram's default
@@ -334,26 +347,26 @@ def test_eagle3_and_dflash_draft(daemon: Daemon, tmp_path: Path) -> None:
     assert "reads target layer 5" in err and "has 2 blocks" in err, err
 
 
-def test_malformed_gguf_is_a_clear_error(daemon: Daemon, tmp_path: Path) -> None:
+def test_malformed_gguf_is_a_clear_error(app: FakeDaemon, tmp_path: Path) -> None:
     for case in ("truncated_kv", "huge_n_kv", "huge_string", "wrong_magic"):
         bad = write_malformed(tmp_path, case)
         start = time.perf_counter()
-        err = fails(daemon.cli("create", "broken", "-f", str(modelfile(tmp_path, f"FROM {bad}\n"))))
+        err = fails(app.cli("create", "broken", "-f", str(modelfile(tmp_path, f"FROM {bad}\n"))))
         assert time.perf_counter() - start < 30
         assert "GGUF" in err or "gguf" in err, err
-    with daemon.client() as c:
+    with app.http_client() as c:
         assert c.post("/api/show", json={"model": "broken"}).status_code == 404
 
 
-def test_blob_upload_rules(daemon: Daemon) -> None:
+def test_blob_upload_rules(app: FakeDaemon) -> None:
     data = os.urandom(4096)
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     wrong = "sha256:" + hashlib.sha256(b"other").hexdigest()
-    with daemon.client() as c:
+    with app.http_client() as c:
         assert c.head(f"/api/blobs/{digest}").status_code == 404
         r = c.post(f"/api/blobs/{wrong}", content=data)
         assert r.status_code == 400 and "digest mismatch" in r.json()["error"]
-        names = os.listdir(daemon.models / "blobs")
+        names = os.listdir(app.models / "blobs")
         assert not any(digest.split(":")[1] in n or wrong.split(":")[1] in n for n in names)
         assert not any(n.startswith(".tmp") for n in names)
         assert c.post(f"/api/blobs/{digest}", content=data).status_code == 201
@@ -368,8 +381,8 @@ def test_blob_upload_rules(daemon: Daemon) -> None:
             assert c.post(f"/api/blobs/{bad}", content=b"x").status_code in (400, 404)
 
 
-def test_bad_requests_are_4xx(daemon: Daemon) -> None:
-    with daemon.client() as c:
+def test_bad_requests_are_4xx(app: FakeDaemon) -> None:
+    with app.http_client() as c:
         assert c.post("/api/show", content=b"").json() == {"error": "missing request body"}
         cases = [
             ("POST", "/api/show", b"{not json"),
@@ -405,11 +418,11 @@ def test_bad_requests_are_4xx(daemon: Daemon) -> None:
             assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)
             assert r.json()["error"], (path, body)
         assert c.get("/api/nope").status_code == 404
-    assert not (daemon.models.parent / "evil").exists()
+    assert not (app.models.parent / "evil").exists()
 
 
-def test_host_and_origin_guard(daemon: Daemon) -> None:
-    with daemon.client() as c:
+def test_host_and_origin_guard(app: FakeDaemon) -> None:
+    with app.http_client() as c:
         for host in ("evil.example:11435", "localhost.evil.example", "127.0.0.1.nip.io"):
             assert c.get("/api/version", headers={"Host": host}).status_code == 403, host
         for host in ("LOCALHOST:1", "127.0.0.1", "[::1]:11435", "foo.localhost"):
@@ -515,15 +528,15 @@ def _kill_daemons_for(marker: str) -> None:
             os.kill(int(proc.name), signal.SIGTERM)
 
 
-def test_list_catalog(daemon: Daemon) -> None:
-    out = ok(daemon.cli("list", "--catalog"))
+def test_list_catalog(app: FakeDaemon) -> None:
+    out = ok(app.cli("list", "--catalog"))
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "pinned" in rows["smollm2:135m"] and "98 MB" in rows["smollm2:135m"]
     assert "not verified here" in rows["llama3.1:8b"] and "llama3.2:1b" in rows["llama3.1:8b"]
 
 
-def test_template_is_checked_at_create(daemon: Daemon, smol: str) -> None:
-    with daemon.client() as c:
+def test_template_is_checked_at_create(app: FakeDaemon) -> None:
+    with app.http_client() as c:
         r = c.post(
             "/api/create",
             json={"model": "bad-tpl", "from": "smol", "template": "{{ if .System }}unclosed"},
