@@ -11,6 +11,10 @@ Ollama generator, pydantic-ai's Ollama provider; the Vercel AI SDK's request is 
 6. JSON grammars let whitespace go only where pretty-printed JSON has it, and a forced call
    arrives within a budget just above its own length;
 7. documented kinds, fields and CLI outputs are the code's.
+
+What needs no model's words (refusing tools a template cannot show, the CLI's output, what
+``ps`` names) runs in-process over fake runners (``fake``, ``tests/fakes``), the clients over
+the app and the CLI in-process.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pytest
 from devtools.daemons import Daemon, start_daemon
 from devtools.realmodels import smollm2_q8_0
 from modelhub.library import views
+from tests.fakes.daemon import BASE_URL, FakeDaemon
 from tests.fixtures.synthetic_drafters import write_tiny_gemma4, write_tiny_gemma4_assistant
 from tests.test_serving_replies import (
     THINK_FEWSHOT,
@@ -72,10 +77,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         assert r.returncode == 0, r.stderr
     yield d
     d.stop()
-
-
-def _oai(d: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=d.url + "/v1", api_key="unused", timeout=300)
 
 
 def _lines(r: httpx.Response) -> list[dict[str, Any]]:
@@ -158,14 +159,21 @@ def test_haystack_streams_a_call_with_tools(
 
 
 # ---- 2. tools on a model that cannot show them ---------------------------------------------
-def test_tools_on_a_model_without_a_place_for_them_are_refused_everywhere(served: Daemon) -> None:
+def test_tools_on_a_model_without_a_place_for_them_are_refused_everywhere(
+    fake: FakeDaemon,
+) -> None:
+    """``plain``: the tiny model's own chat template (Jinja, as SmolLM2's) has no place for
+    tools."""
+    fake.add_model("plain")
     words = '"plain:latest" does not support tools'
     with pytest.raises(ollama.ResponseError) as caught:
-        ollama.Client(host=served.url, timeout=120).chat(
+        ollama.Client(host=BASE_URL, transport=fake.httpx_transport()).chat(
             "plain", messages=QUESTION, tools=[WEATHER]
         )
     assert caught.value.status_code == 400 and words in caught.value.error
-    client = _oai(served)
+    client = openai.OpenAI(
+        base_url=BASE_URL + "/v1", api_key="unused", http_client=fake.http_client()
+    )
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="plain", messages=QUESTION, tools=[WEATHER])
     assert words in str(refused.value)
@@ -451,25 +459,25 @@ def test_every_documented_list_of_draft_kinds_names_them_all() -> None:
     assert checked >= 3  # api.md's show, cli.md's show and ps
 
 
-def test_modelhub_info_prints_the_lines_docs_show(served: Daemon) -> None:
+def test_modelhub_info_prints_the_lines_docs_show(fake: FakeDaemon) -> None:
     """docs/cli.md's ``modelhub info`` example has the labels the command prints, in order."""
     example = re.search(r"\$ modelhub info\n(.*?)\n\n", (ROOT / "docs/cli.md").read_text(), re.S)
     assert example is not None
     documented = [line.split(":")[0] for line in example.group(1).splitlines()]
-    r = served.cli("info")
+    r = fake.cli("info")
     assert r.returncode == 0, r.stderr
     printed = [line.split(":")[0] for line in r.stdout.split("\n\n")[0].splitlines()]
     assert printed == documented
 
 
-def test_ps_names_an_assistant_by_the_kind_show_uses(served: Daemon, tmp_path: Path) -> None:
+def test_ps_names_an_assistant_by_the_kind_show_uses(fake: FakeDaemon, tmp_path: Path) -> None:
     target = write_tiny_gemma4(tmp_path / "gemma4.gguf")
     assistant = write_tiny_gemma4_assistant(tmp_path / "gemma4-assistant.gguf", target)
     mf = tmp_path / "Modelfile"
     mf.write_text(f"FROM {target}\nDRAFT {assistant}\n")
-    r = served.cli("create", "tiny-assisted", "-f", str(mf))
+    r = fake.cli("create", "tiny-assisted", "-f", str(mf))
     assert r.returncode == 0, r.stderr
-    with served.client(timeout=300) as c:
+    with fake.http_client() as c:
         show = c.post("/api/show", json={"model": "tiny-assisted"}).json()
         assert show["details"]["draft"]["kind"] == "mtp_drafter"
         body = {"model": "tiny-assisted", "prompt": "hello", "raw": True, "stream": False}
@@ -478,17 +486,17 @@ def test_ps_names_an_assistant_by_the_kind_show_uses(served: Daemon, tmp_path: P
         )
         loaded = {m["name"]: m for m in c.get("/api/ps").json()["models"]}
         assert loaded["tiny-assisted:latest"]["draft"]["kind"] == "mtp_drafter"
-        ps = served.cli("ps", "tiny-assisted")
+        ps = fake.cli("ps", "tiny-assisted")
         assert "mtp_drafter" in ps.stdout, ps.stdout
         c.post("/api/generate", json={"model": "tiny-assisted", "keep_alive": 0})
 
 
 def test_cli_errors_are_the_daemons_words_without_a_status_line(
-    served: Daemon, tmp_path: Path
+    fake: FakeDaemon, tmp_path: Path
 ) -> None:
     """As docs/install.md and docs/cli.md show them: ``Error: <message>``."""
     mf = tmp_path / "Modelfile"
     mf.write_text("FROM nothere-at-all\n")
-    r = served.cli("create", "broken", "-f", str(mf))
+    r = fake.cli("create", "broken", "-f", str(mf))
     assert r.returncode != 0
     assert r.stderr.startswith("Error: ") and not re.match(r"Error: \d{3} ", r.stderr), r.stderr

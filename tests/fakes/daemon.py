@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import httpx
 import starlette.testclient
 from click.testing import CliRunner
 from starlette.testclient import TestClient
@@ -74,6 +75,11 @@ class FakeDaemon:
         kw.setdefault("base_url", BASE_URL)
         return starlette.testclient.httpx.Client(transport=self.http._transport, **kw)
 
+    def httpx_transport(self) -> httpx.BaseTransport:
+        """An ``httpx`` transport over the app, for clients built on httpx where ``TestClient``
+        is built on httpx2 (the ollama client: ``ollama.Client(transport=...)``)."""
+        return _HttpxOverApp(self.http._transport)
+
     def cli(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """``modelhub ARGS`` in-process against this app: the CLI's own code, output and exit
         status, its client over ``http_client()`` instead of a socket. An exception the CLI
@@ -89,6 +95,22 @@ class FakeDaemon:
         return subprocess.CompletedProcess(
             ["modelhub", *args], result.exit_code, result.stdout, result.stderr
         )
+
+
+class _HttpxOverApp(httpx.BaseTransport):
+    """An httpx transport handing each request to ``TestClient``'s transport (whichever HTTP
+    library that is built on); the answer is read whole."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        lib = starlette.testclient.httpx
+        sent = lib.Request(
+            request.method, str(request.url), headers=request.headers.raw, content=request.read()
+        )
+        answer = self.inner.handle_request(sent)
+        return httpx.Response(answer.status_code, headers=answer.headers.raw, content=answer.read())
 
 
 @contextlib.contextmanager
