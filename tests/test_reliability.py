@@ -1,12 +1,15 @@
 """Runner lifecycle and bounded work, through a real daemon: every runner is either registered
 (in /api/ps, counted by the planner) or gone, whatever the request did; bad input is refused at
-the door, before any runner starts."""
+the door, before any runner starts. What the door decides (bad options, stored texts, blobs'
+modes, a FIFO, junk images, a prompt too long) runs in-process over fake runners (``app``,
+``tests/fakes``), the CLI in-process too."""
 
 from __future__ import annotations
 
 import json
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,6 +17,7 @@ import psutil
 import pytest
 
 from devtools.daemons import Daemon, start_daemon
+from tests.fakes.daemon import FakeDaemon, fake_daemon
 from tests.fixtures.synthetic import write_tiny_llama, write_tiny_llama_without
 
 
@@ -42,6 +46,14 @@ def served(tmp_path: Path) -> Daemon:
     create(d, tmp_path, "tiny", write_tiny_llama(tmp_path / "tiny.gguf"))
     yield d
     d.stop()
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[FakeDaemon]:
+    """The app over fake runners with ``tiny`` created, as ``served`` has it."""
+    with fake_daemon(tmp_path / "fake", env={"MODELHUB_KEEP_ALIVE": "5m"}) as d:
+        d.add_model("tiny")
+        yield d
 
 
 def hang_up_after(d: Daemon, body: dict[str, object], seconds: float) -> None:
@@ -79,11 +91,11 @@ def test_failed_loads_leave_no_runner(served: Daemon, tmp_path: Path) -> None:
     assert settled_runner_pids(served, 0) == set()
 
 
-def test_bad_options_are_refused_before_any_runner_starts(served: Daemon) -> None:
-    with served.client() as c:
+def test_bad_options_are_refused_before_any_runner_starts(app: FakeDaemon) -> None:
+    with app.http_client() as c:
         r = c.post("/api/generate", json={"model": "tiny", "prompt": "a", "stream": False})
         assert r.status_code == 200
-        (before,) = runner_pids(served)
+        (before,) = app.runners.made
         cases = {
             "draft_p_min": (5, "option draft_p_min must be between 0 and 1"),
             "num_thread": (1_000_000, "option num_thread must be at most"),
@@ -98,7 +110,8 @@ def test_bad_options_are_refused_before_any_runner_starts(served: Daemon) -> Non
         assert r.status_code == 400
         assert r.json()["error"].startswith("format: the JSON schema cannot be turned into")
         # The healthy runner was neither unloaded nor replaced by any of these.
-        assert runner_pids(served) == {before}
+        assert app.runners.made == [before] and not before.dead
+        assert len(app.runners.loads()) == 1
 
 
 def test_deep_and_huge_bodies_are_400s(served: Daemon) -> None:
@@ -153,11 +166,11 @@ def test_a_refused_reload_leaves_the_healthy_runner_alone(tmp_path: Path) -> Non
         d.stop()
 
 
-def test_stored_texts_over_the_show_limit_are_refused_at_create(served: Daemon) -> None:
+def test_stored_texts_over_the_show_limit_are_refused_at_create(app: FakeDaemon) -> None:
     from modelhub.library.views import MAX_TEXT_LAYER
 
     big = "x" * (MAX_TEXT_LAYER + 1)
-    with served.client() as c:
+    with app.http_client() as c:
         for field, value in (("license", big), ("system", big), ("template", big)):
             r = c.post("/api/create", json={"model": "huge", "from": "tiny", field: value})
             assert r.status_code == 400, r.text
@@ -172,11 +185,11 @@ def test_stored_texts_over_the_show_limit_are_refused_at_create(served: Daemon) 
         assert c.post("/api/show", json={"model": "fits"}).json()["license"] == "MIT"
 
 
-def test_blobs_and_folders_are_private_and_counted_once(served: Daemon, tmp_path: Path) -> None:
+def test_blobs_and_folders_are_private_and_counted_once(app: FakeDaemon, tmp_path: Path) -> None:
     source = write_tiny_llama(tmp_path / "public.gguf", seed=5)
     source.chmod(0o644)
     digest = "sha256:" + __import__("hashlib").sha256(source.read_bytes()).hexdigest()
-    with served.client() as c:
+    with app.http_client() as c:
         assert c.post(f"/api/blobs/{digest}", content=source.read_bytes()).status_code == 201
         files = {"a.gguf": digest, "b.gguf": digest}  # the same file listed twice
         r = c.post("/api/create", json={"model": "twice", "files": files, "stream": False})
@@ -184,26 +197,26 @@ def test_blobs_and_folders_are_private_and_counted_once(served: Daemon, tmp_path
         size = next(
             m["size"] for m in c.get("/api/tags").json()["models"] if m["name"] == "twice:latest"
         )
-    blob = served.models / "blobs" / digest.replace(":", "-")
+    blob = app.models / "blobs" / digest.replace(":", "-")
     assert oct(blob.stat().st_mode & 0o777) == oct(0o600)
-    for folder in (served.models, served.models / "blobs", served.models / "manifests"):
+    for folder in (app.models, app.models / "blobs", app.models / "manifests"):
         assert oct(folder.stat().st_mode & 0o777) == oct(0o700), folder
     assert source.stat().st_size < size < 2 * source.stat().st_size
 
 
-def test_from_a_fifo_is_refused_without_reading_it(served: Daemon, tmp_path: Path) -> None:
+def test_from_a_fifo_is_refused_without_reading_it(app: FakeDaemon, tmp_path: Path) -> None:
     import os
 
     fifo = tmp_path / "pipe.gguf"
     os.mkfifo(fifo)
     mf = tmp_path / "Modelfile"
     mf.write_text(f"FROM {fifo}\n")
-    r = served.cli("create", "fifo", "-f", str(mf), timeout=30)
+    r = app.cli("create", "fifo", "-f", str(mf))
     assert r.returncode == 1
     assert r.stderr == f"Error: {mf} (line 1): FROM {fifo}: {fifo} is not a regular file\n"
 
 
-def test_junk_images_and_think_are_400s(served: Daemon) -> None:
+def test_junk_images_and_think_are_400s(app: FakeDaemon) -> None:
     cases = [
         ({"images": "abc"}, 'field "images" must be an array of base64 strings'),
         ({"images": ["@@@"]}, "images[0]: invalid base64 data"),
@@ -211,7 +224,7 @@ def test_junk_images_and_think_are_400s(served: Daemon) -> None:
         ({"think": "maybe"}, 'invalid think value: "maybe" (must be "high"'),
         ({"think": 3}, "invalid think value: 3"),
     ]
-    with served.client() as c:
+    with app.http_client() as c:
         for extra, message in cases:
             for path, body in (
                 ("/api/generate", {"model": "tiny", "prompt": "a", **extra}),
@@ -305,8 +318,8 @@ def test_runners_die_with_a_killed_daemon(tmp_path: Path) -> None:
         d.stop()
 
 
-def test_a_prompt_too_long_to_fit_is_refused_before_loading(served: Daemon) -> None:
-    with served.client() as c:
+def test_a_prompt_too_long_to_fit_is_refused_before_loading(app: FakeDaemon) -> None:
+    with app.http_client() as c:
         c.post("/api/generate", json={"model": "tiny", "keep_alive": 0}).raise_for_status()
         huge = "word " * 200_000  # 1 MB: more tokens than the tiny model's 256 positions
         for path, body in (
@@ -319,4 +332,4 @@ def test_a_prompt_too_long_to_fit_is_refused_before_loading(served: Daemon) -> N
             text = r.text
             assert "the prompt has at least" in text and "the context holds 256" in text, text
         assert c.get("/api/ps").json()["models"] == []
-    assert runner_pids(served) == set()  # no runner was started for any of them
+    assert not app.runners.made  # no runner was started for any of them
