@@ -1,8 +1,9 @@
 """Stateful ``/v1/responses`` through a real daemon with the official ``openai`` SDK and
 SmolLM2: ``previous_response_id`` over three turns with a tool call in the middle and a daemon
 restart between turns (each turn the same answer as the whole conversation sent statelessly),
-retrieve, delete, ``input_items``, ``store: false``, OpenAI's 404 shape, eviction at the bound,
-a damaged record, ``MODELHUB_RESPONSES_STORE=0`` and ``truncation``."""
+retrieve, delete, ``input_items``, ``store: false``, OpenAI's 404 shape and ``truncation``.
+The store's own rules (eviction at the bound, a damaged record, ``MODELHUB_RESPONSES_STORE=0``,
+ids checked before a path is made) run in-process over fake runners (``tests/fakes``)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from devtools.daemons import Daemon, start_daemon
 from devtools.realmodels import smollm2_q4_1
 from modelhub.server.responses_request import chat_request
+from tests.fakes.daemon import BASE_URL, FakeDaemon, fake_daemon
 from tests.test_serving_replies import TOOLS_TEMPLATE, WEATHER
 
 pytestmark = pytest.mark.slow
@@ -121,12 +122,18 @@ def test_three_turns_with_a_tool_call_and_a_restart(tmp_path: Path) -> None:
         d.stop()
 
 
-def test_eviction_damage_truncation_and_storing_off(tmp_path: Path) -> None:
+def _fake_oai(d: FakeDaemon) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=BASE_URL + "/v1", api_key="unused", max_retries=0, http_client=d.http_client()
+    )
+
+
+def test_eviction_damage_and_storing_off(tmp_path: Path) -> None:
+    """The store of answers is the daemon's: over fake runners, two daemons on one store."""
     models = tmp_path / "models"
-    d = start_daemon(models, tmp_path / "daemon.log", {"MODELHUB_RESPONSES_MAX": "2"})
-    try:
-        _create(d, tmp_path, "smol", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\n")
-        client = _oai(d)
+    with fake_daemon(tmp_path, env={"MODELHUB_RESPONSES_MAX": "2"}) as d:
+        d.add_model("smol")
+        client = _fake_oai(d)
         short = {"temperature": 0, "max_output_tokens": 2}
         ids = [
             client.responses.create(model="smol", input=f"Say {n}.", **short).id for n in range(3)
@@ -139,7 +146,7 @@ def test_eviction_damage_truncation_and_storing_off(tmp_path: Path) -> None:
         )
 
         (models / "responses" / f"{ids[1]}.json").write_bytes(b'{"format": 1, "respo')
-        with d.client() as c:
+        with d.http_client() as c:
             r = c.get(f"/v1/responses/{ids[1]}")
             assert r.status_code == 500, r.text
             message = r.json()["error"]["message"]
@@ -147,7 +154,25 @@ def test_eviction_damage_truncation_and_storing_off(tmp_path: Path) -> None:
             assert c.get(f"/v1/responses/{ids[1]}").status_code == 404
             assert c.get(f"/v1/responses/{ids[2]}").status_code == 200  # the daemon goes on
 
-        # truncation: "disabled" (the default) refuses what does not fit; "auto" cuts as chat
+    with fake_daemon(tmp_path, env={"MODELHUB_RESPONSES_STORE": "0"}) as d:
+        client = _fake_oai(d)
+        r = client.responses.create(model="smol", input="Hi", temperature=0, max_output_tokens=2)
+        assert r.store is False
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(r.id)
+        with pytest.raises(openai.BadRequestError, match="MODELHUB_RESPONSES_STORE=0"):
+            client.responses.create(model="smol", previous_response_id=ids[2], input="Hi")
+
+
+def test_truncation(tmp_path: Path) -> None:
+    """``truncation``: "disabled" (the default) refuses what does not fit; "auto" cuts as chat
+    does (a real runner counts SmolLM2's tokens)."""
+    models = tmp_path / "models"
+    d = start_daemon(models, tmp_path / "daemon.log")
+    try:
+        _create(d, tmp_path, "smol", f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\n")
+        client = _oai(d)
+        short = {"temperature": 0, "max_output_tokens": 2}
         turns: list[dict[str, Any]] = []
         for n in range(12):
             turns += [
@@ -163,18 +188,6 @@ def test_eviction_damage_truncation_and_storing_off(tmp_path: Path) -> None:
         )  # type: ignore[arg-type]
         assert cut.truncation == "auto" and cut.usage and chat.usage
         assert cut.usage.input_tokens == chat.usage.prompt_tokens < 256
-    finally:
-        d.stop()
-
-    d = start_daemon(models, tmp_path / "daemon2.log", {"MODELHUB_RESPONSES_STORE": "0"})
-    try:
-        client = _oai(d)
-        r = client.responses.create(model="smol", input="Hi", temperature=0, max_output_tokens=2)
-        assert r.store is False
-        with pytest.raises(openai.NotFoundError):
-            client.responses.retrieve(r.id)
-        with pytest.raises(openai.BadRequestError, match="MODELHUB_RESPONSES_STORE=0"):
-            client.responses.create(model="smol", previous_response_id=ids[2], input="Hi")
     finally:
         d.stop()
 
@@ -198,8 +211,8 @@ def test_stored_reasoning_goes_back_with_the_turn_it_led_to() -> None:
     assert json.loads(json.dumps(chat))["truncate"] is False
 
 
-def test_response_ids_never_reach_the_disk_unchecked(fresh_daemon: Daemon) -> None:
-    with httpx.Client(base_url=fresh_daemon.url, timeout=30) as c:
+def test_response_ids_never_reach_the_disk_unchecked(fake: FakeDaemon) -> None:
+    with fake.http_client() as c:
         assert c.get("/v1/responses/resp_..%2F..%2Fmanifests").status_code == 404
         for ident in ("resp_..", "resp_XYZ", "nope"):
             r = c.get(f"/v1/responses/{ident}")
