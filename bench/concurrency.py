@@ -23,6 +23,15 @@ Configurations, one after the other on the same GGUF, thread count and context p
 
 Then time to first token under load: while three clients keep long requests running, a short
 request is sent every half second; its TTFT p50/p95 is reported per configuration.
+
+Run alone, ``python bench/concurrency.py [--model smollm2-q4_1|PATH] [--threads 2] [--num-ctx
+2048] [--num-predict 128] [--repeats 3] [--per-client 2] [--ttft-trials 8] [--out FILE]
+[--pythonpath DIR]``
+measures only the two cells of issue 21's batch gap, drafting on by default against the same
+daemon with ``draft: off``, side by side: TTFT under load, and 4 clients on fresh prose, for
+``DRAFT auto`` and for n-gram drafting alone (``draft: ngram``), each against ``draft: off`` on
+the same new requests. Every repeat asks new prose requests, in an order of configurations that
+turns round from repeat to repeat.
 """
 
 from __future__ import annotations
@@ -88,6 +97,38 @@ TOPICS = (
     "a night shift at an observatory",
     "how a sailing ship tacks",
     "the story of a lost glove",
+    "how a lock and key work",
+    "a market day in a river town",
+    "how snowflakes form",
+    "the life of a lighthouse lamp",
+    "how a hot air balloon flies",
+    "a train journey through the mountains",
+    "how coral reefs grow",
+    "the first printing of a newspaper",
+    "how a compass finds north",
+    "a potter at the wheel",
+    "how thunder and lightning happen",
+    "the story of a village bakery",
+    "how a dam makes electricity",
+    "a winter night in a forest",
+    "how cheese is made",
+    "the voyage of a paper boat",
+    "how a telescope gathers light",
+    "a gardener planting an orchard",
+    "how wind turns a windmill",
+    "the rise of a small library",
+    "how an elevator works",
+    "a cat exploring an attic",
+    "how salt is harvested from the sea",
+    "the making of a wooden boat",
+    "how a seed becomes a tree",
+    "a musician tuning a piano",
+    "how a bridge carries its load",
+    "the journey of a letter by post",
+    "how fireflies glow",
+    "a shepherd in the hills",
+    "how maps are drawn",
+    "the life of a river from source to sea",
 )
 
 
@@ -334,3 +375,166 @@ def edit_prompt() -> str:
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return str(module.chat(module.EDIT))
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and its live descendants, whichever thread started them (a
+    runner is the child of a daemon thread, not listed in the main thread's ``children``)."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    children: set[int] = set()
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children.update(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(_tree_cpu(c) for c in children)
+
+
+class OtherLoad:
+    """How many cores processes outside this bench (and its daemon) kept busy meanwhile."""
+
+    def __init__(self) -> None:
+        import os
+
+        self._pid = os.getpid()
+        self.start = (self._busy(), _tree_cpu(self._pid), time.monotonic())
+
+    @staticmethod
+    def _busy() -> float:
+        import os
+
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+    def cores(self) -> float:
+        busy, ours = self._busy() - self.start[0], _tree_cpu(self._pid) - self.start[1]
+        return max(0.0, busy - ours) / (time.monotonic() - self.start[2])
+
+
+def gap_cells(url: str, model: str, args: Any) -> dict[str, Any]:
+    """The TTFT and 4-client fresh-prose cells, every configuration once per repeat: TTFT of
+    ``auto`` and ``off``; prose for ``off`` and ``auto`` on one set of new requests, ``off``
+    and ``draft: ngram`` (n-gram alone, as ``DRAFT ngram`` drafts) on another, all on one
+    runner (a second model on the same weights would replace it, and a reloaded runner reads
+    the n-gram pool the other one saved: requests it answered would not be fresh)."""
+    import serving
+
+    prompts = prose_prompts(serving.CHATML)
+    base = {"num_ctx": args.num_ctx, "num_thread": args.threads}
+    asks = {
+        name: daemon_ask(url, model, args.num_predict, {**base, **extra})
+        for name, extra in (("auto", {}), ("off", {"draft": "off"}), ("ngram", {"draft": "ngram"}))
+    }
+    asks["auto"](prompts[0])  # warm-up: loads the runner
+    ttft: dict[str, list[dict[str, float]]] = {"auto": [], "off": []}
+    prose: dict[str, list[float]] = {"off": [], "auto": [], "off (ngram's)": [], "ngram": []}
+    other_cores: list[float] = []  # per repeat: the most any cell saw other processes use
+    n = 4 * args.per_client  # requests per prose cell
+
+    def cell(measure: Callable[..., dict[str, float]], *how: Any) -> dict[str, float]:
+        other = OtherLoad()
+        value = measure(*how)
+        loads.append(other.cores())
+        return value
+
+    for r in range(args.repeats):
+        loads: list[float] = []
+        for name in ("auto", "off")[r % 2 :] + ("auto", "off")[: r % 2]:
+            ttft[name].append(cell(ttft_under_load, asks[name], prompts[0], args.ttft_trials))
+        for drafting, first in (("auto", 1 + 2 * r * n), ("ngram", 1 + (2 * r + 1) * n)):
+            pair = ("off", drafting)[r % 2 :] + ("off", drafting)[: r % 2]
+            for name in pair:
+                key = "off (ngram's)" if name == "off" and drafting == "ngram" else name
+                rate = cell(aggregate, asks[name], prompts, 4, args.per_client, first)
+                prose[key].append(rate["tok_s"])
+        other_cores.append(max(loads))
+        print(
+            f"   repeat {r + 1}: TTFT p50 auto {ttft['auto'][-1]['p50_ms']:.0f} ms, off "
+            f"{ttft['off'][-1]['p50_ms']:.0f} ms; prose tok/s "
+            + ", ".join(f"{k} {v[-1]:.1f}" for k, v in prose.items())
+            + f"; other processes up to {other_cores[-1]:.2f} cores",
+            flush=True,
+        )
+    return {"ttft": ttft, "prose_at_4": prose, "other_processes_cores": other_cores}
+
+
+def print_gap(cells: dict[str, Any]) -> None:
+    ttft, prose = cells["ttft"], cells["prose_at_4"]
+    print("\nTTFT of a short request while three long ones run (p50 per repeat, ms)")
+    for name, runs in ttft.items():
+        p50s = [t["p50_ms"] for t in runs]
+        print(f"  {name:<6} " + " ".join(f"{v:7.0f}" for v in p50s), end="")
+        print(f"   median {statistics.median(p50s):.0f}")
+    print("4 clients, fresh prose: aggregate tok/s per repeat, ratio to draft off (same requests)")
+    for name, rates in prose.items():
+        base = prose["off (ngram's)" if name in ("ngram", "off (ngram's)") else "off"]
+        ratios = [a / b for a, b in zip(rates, base, strict=True)]
+        print(f"  {name:<14} " + " ".join(f"{v:7.1f}" for v in rates), end="")
+        shown = " ".join(f"{v:.2f}" for v in ratios)
+        print(f"   x off: {shown}  median {statistics.median(ratios):.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+    import signal
+    import tempfile
+
+    import serving
+
+    parser = argparse.ArgumentParser(
+        description="issue 21's batch gap: TTFT under load, prose at 4"
+    )
+    parser.add_argument("--model", default="smollm2-q4_1", help="GGUF path or smollm2-q4_1|q8_0")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--num-ctx", type=int, default=2048)
+    parser.add_argument("--num-predict", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-client", type=int, default=2)
+    parser.add_argument("--ttft-trials", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--pythonpath", help="run the daemon from other code (a checkout of another commit)"
+    )
+    args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the daemon and its temporary store are cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    model = serving.resolve_model(args.model)
+    settings = serving.Settings(args.threads, args.num_ctx, args.num_predict)
+    conditions = {
+        **vars(args),
+        "out": str(args.out) if args.out else None,
+        "scheduler": {0: "SCHED_OTHER", 1: "SCHED_FIFO", 2: "SCHED_RR"}.get(
+            os.sched_getscheduler(0), str(os.sched_getscheduler(0))
+        ),
+        "load_average_before": os.getloadavg(),
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-gap-") as tmp:
+        daemon = serving.DaemonTarget(
+            model, settings, Path(tmp) / "np4", pythonpath=args.pythonpath
+        )
+        try:
+            cells = gap_cells(daemon.daemon.url, daemon.model_name, args)
+        finally:
+            daemon.close()
+    conditions["load_average_after"] = os.getloadavg()
+    print_gap(cells)
+    shown = " ".join(f"{c:.2f}" for c in cells["other_processes_cores"])
+    print(f"other processes kept up to {shown} cores busy (per repeat, the busiest cell)")
+    if args.out is not None:
+        args.out.write_text(json.dumps({"conditions": conditions, **cells}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,12 +7,21 @@ before another conversation) does not count, and the least recently used slot is
 instead. Each step:
 
 1. every decoding request plans its round, ``[pending, drafts...]`` (drafting happens here,
-   request by request, and is timed as each one's own cost);
+   request by request, and is timed as each one's own cost); its drafts are priced as the
+   step they make, with the rows the others planned before it and one row for each after it
+   (``StepShare``, ``speculative.adaptive``);
 2. prefilling requests fill what is left of the batch with prompt chunks, in arrival order;
    while others are decoding a step takes at most ``prefill_share`` prompt tokens, so a long
    prompt delays running answers by a short chunk per step instead of its whole evaluation;
 3. one ``llama_decode`` evaluates all rows; each request reads its logits rows, verifies,
    commits and cuts its sequence back (``sequence.Generation``).
+
+Drafting yields to prompts: while any request is prefilling, the decoding ones decode one row
+each and draft nothing, so a new request's prompt chunks and its first token wait behind steps
+no longer than plain decoding would make (drafted rows had made the steps a short request waits
+through several times longer); the time of a step with prompt rows is no measure of a round,
+so no controller records it. Drafting resumes at the first step without a prompt. A fixed draft
+length (``draft_adaptive`` false) drafts every step whatever it costs, prompts' waits included.
 
 A request that ends (stop, length, cancel, error) frees its slot at once; the next waiting one
 takes it at the next step. Other native work of the engine (the warm-up at load, embeddings)
@@ -36,6 +45,7 @@ from typing import Any, TypeVar
 from modelhub.engine.context import LlamaContext
 from modelhub.engine.sequence import Generation
 from modelhub.engine.slot import Slot
+from modelhub.engine.speculative.costs import StepShare
 from modelhub.engine.speculative.draft_model import common_prefix
 from modelhub.errors import ModelhubError
 
@@ -161,9 +171,13 @@ class BatchLoop:
         chunks: list[tuple[Generation, list[int], int]] = []  # (request, chunk, its last row)
 
         decoding = [g for g in self.active if g.phase == "decode"]
+        # A prompt in the step: decode plainly (one row each) and let it through sooner.
+        prompt = any(g.phase == "prefill" and not g.cancelled for g in self.active)
         per_request = max(1, n_batch // max(1, len(decoding)))
-        for gen in decoding:
-            rows = self._guard(gen, gen.plan_round, per_request, len(decoding))
+        for i, gen in enumerate(decoding):
+            yields = prompt and gen.yields
+            share = StepShare(len(decoding), len(tokens) + len(decoding) - i - 1, yields)
+            rows = self._guard(gen, gen.plan_round, 1 if yields else per_request, share)
             if not rows:
                 continue
             assert gen.slot is not None
@@ -209,8 +223,9 @@ class BatchLoop:
         logits = ctx.row_logits
         for gen, chunk, last_row in chunks:
             self._guard(gen, gen.after_prefill, chunk, logits, last_row)
+        step_rows = None if chunks else len(tokens)  # prompt rows: no measure of a round
         for gen, first in rounds:
-            self._guard(gen, gen.after_round, logits, first, decode_ns)
+            self._guard(gen, gen.after_round, logits, first, decode_ns, step_rows)
         self._replay([gen for gen, _ in rounds])
 
     def _replay(self, gens: list[Generation]) -> None:

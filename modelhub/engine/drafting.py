@@ -22,6 +22,7 @@ from modelhub.engine.sampling import Sampler, TokenConstraint
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import ProbabilityFn
 from modelhub.engine.speculative.choice import DraftChoice, Member, load_bucket
+from modelhub.engine.speculative.costs import StepShare
 from modelhub.engine.speculative.factory import Preparing, Seeded
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class RequestDrafting:
         self.klass = "grammar" if sampler.constraint is not None else "plain"
         self.load = 1  # the batch load bucket of the round in flight
         self.others = 0  # the other requests decoding in its step
+        self.base_rows = 0  # the rows of its step besides its own
         # The round in flight.
         self.member: Member | None = None
         self.controller: AdaptiveDraftLength | None = None
@@ -69,7 +71,7 @@ class RequestDrafting:
 
     def controller_of(self, member: Member) -> AdaptiveDraftLength:
         controller = self._controllers(member.name, self.klass, self.load, member.max_k)
-        controller.others = self.others
+        controller.others, controller.base_rows = self.others, self.base_rows
         return controller
 
     def begin(self, prompt: Sequence[int], seed: int | None) -> None:
@@ -79,13 +81,17 @@ class RequestDrafting:
             member.drafter.begin(prompt)
 
     # ---- a round -----------------------------------------------------------------------------
-    def plan(self, tokens: list[int], k_cap: int, decoding: int = 1) -> list[int]:
-        """This round's drafts (at most ``k_cap``) by the drafter expected to pay most, in a
-        step where ``decoding`` requests (this one included) decode."""
+    def plan(self, tokens: list[int], k_cap: int, share: StepShare | None = None) -> list[int]:
+        """This round's drafts (at most ``k_cap``) by the drafter expected to pay most, priced
+        as the batch step ``share`` describes. No drafts while the step evaluates a prompt:
+        they would lengthen the step that prompt waits for, so the round decodes plainly and
+        no drafter is asked (nor charged for a round it did not choose)."""
+        share = share or StepShare()
         self.t_round = self._t_prep = time.perf_counter_ns()
-        self.load, self.others = load_bucket(decoding), max(0, decoding - 1)
+        self.load, self.others = load_bucket(share.decoding), max(0, share.decoding - 1)
+        self.base_rows = share.other_rows
         self.member, self.controller, self.k, self.drafts, self.q = None, None, 0, [], None
-        if self.members:
+        if self.members and not share.prompt:
             self._choose(tokens, k_cap)
         self.t_drafted = time.perf_counter_ns()
         return self.drafts
@@ -139,12 +145,18 @@ class RequestDrafting:
         self.drafts, self.q = drafts, q
 
     def after_round(
-        self, tokens: Sequence[int], emitted: int, accepted: int, verify_ns: int
+        self,
+        tokens: Sequence[int],
+        emitted: int,
+        accepted: int,
+        verify_ns: int,
+        step_rows: int | None = None,
     ) -> None:
         """Verification accepted ``accepted`` drafts and the request emitted ``emitted`` tokens
         (fewer when it stopped inside the round), the rows taking ``verify_ns`` to decode and
-        check: every drafter learns what was kept, the round's drafter's controller what it
-        cost."""
+        check in a step of ``step_rows`` rows (None: the step evaluated a prompt too, so its
+        time is no measure of a round): every drafter learns what was kept, the round's
+        drafter's controller what it cost."""
         for member in self.members:
             member.drafter.commit(tokens)
         drafts = self.drafts
@@ -158,11 +170,16 @@ class RequestDrafting:
             name = self.member.name
             self.drafted_by[name] = self.drafted_by.get(name, 0) + len(drafts)
         controller = self.controller
-        if controller is None:
+        yardstick = controller
+        if yardstick is None and self.members:  # a round that yielded to a prompt
+            yardstick = self.controller_of(self.members[0])
+        if yardstick is not None:
+            plain = yardstick.verify_cost(self.others + 1)  # the step if nobody drafted
+            if plain is not None:
+                self.plain_estimate_s += emitted * plain
+        if controller is None or step_rows is None:
             return
-        plain = controller.verify_cost(1)
-        if plain is not None:
-            self.plain_estimate_s += emitted * plain
+        controller.base_rows = step_rows - len(drafts) - 1
         controller.record(
             self.k,
             len(drafts),

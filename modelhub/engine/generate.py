@@ -212,6 +212,7 @@ class Engine:
             "kv_cache_type": self.kv_cache_type,
             "n_gpu_layers": self.offload.n_gpu_layers,
             "flash_attn": self.cfg.flash_attn,
+            "verify_rows": "step",  # costs keyed by a step's rows (once: a round's own)
         }
 
     def _warm_up(self) -> None:

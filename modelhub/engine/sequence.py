@@ -27,6 +27,7 @@ from modelhub.engine.options import DoneReason, GenerateOptions, GenerateResult,
 from modelhub.engine.sampling import Sampler
 from modelhub.engine.shift import follow_shift, keep_count, shift_sequence
 from modelhub.engine.slot import Slot
+from modelhub.engine.speculative.costs import StepShare
 from modelhub.engine.speculative.draft_model import common_prefix
 from modelhub.engine.textstream import Committer
 from modelhub.engine.vision import ImageSpan, decode_embeddings, reusable
@@ -61,6 +62,9 @@ class Generation:
         self.prediction = prediction
         self.on_done = on_done
         self.phase: Phase = "waiting"
+        # Decodes plainly while a prompt is in the step (``batching``); a fixed draft length
+        # (``adaptive`` off) drafts every step, as documented.
+        self.yields = engine.cfg.adaptive
         self.slot: Slot | None = None
         self.drafting: RequestDrafting | None = None
         self.k_max = 0
@@ -177,9 +181,9 @@ class Generation:
         )
 
     # ---- rounds --------------------------------------------------------------------------------
-    def plan_round(self, max_rows: int, decoding: int = 1) -> list[int] | None:
-        """The rows of this round, ``[pending, drafts...]`` (at most ``max_rows``; ``decoding``
-        requests share the step); None when the request ended instead (cancelled, or the
+    def plan_round(self, max_rows: int, share: StepShare | None = None) -> list[int] | None:
+        """The rows of this round, ``[pending, drafts...]`` (at most ``max_rows``, in the batch
+        step ``share`` describes); None when the request ended instead (cancelled, or the
         context is full and cannot shift)."""
         if self.cancelled:
             self.finish("cancel")
@@ -195,7 +199,7 @@ class Generation:
             k = min(k, remaining - 1)
         drafts: list[int] = []
         if self.drafting is not None:
-            drafts = self.drafting.plan(self.tokens, k, decoding)
+            drafts = self.drafting.plan(self.tokens, k, share)
         t_drafted = time.perf_counter_ns()
         assert self.slot is not None
         self.engine.rollback.before_round(self.slot.seq, self.slot.recurrent, n_past, len(drafts))
@@ -206,9 +210,12 @@ class Generation:
     def _drafts(self) -> list[int]:
         return self.drafting.drafts if self.drafting is not None else []
 
-    def after_round(self, logits: RowLogits, first_row: int, decode_ns: int) -> None:
-        """The round's rows were decoded (taking ``decode_ns`` in the batch): verify, commit,
-        cut the cache back and report the round."""
+    def after_round(
+        self, logits: RowLogits, first_row: int, decode_ns: int, step_rows: int | None = None
+    ) -> None:
+        """The round's rows were decoded (taking ``decode_ns`` in a batch step of ``step_rows``
+        rows; None: one that evaluated a prompt too): verify, commit, cut the cache back and
+        report the round."""
         assert self.slot is not None and self.result is not None
         slot, drafts, tokens = self.slot, self._drafts, self.tokens
         n_past = len(tokens) - 1
@@ -234,7 +241,7 @@ class Generation:
                 result.draft_steps += 1
                 result.draft_time_ns += self.drafting.t_drafted - self.drafting.t_round
                 result.verify_time_ns += verify_ns
-            self.drafting.after_round(tokens, kept, accepted, verify_ns)
+            self.drafting.after_round(tokens, kept, accepted, verify_ns, step_rows)
         if self.committer.done is not None:
             self.finish(self.committer.done)
 

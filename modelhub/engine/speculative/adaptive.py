@@ -3,8 +3,8 @@
 Each round the engine reports how many tokens it asked for, how many the drafter proposed, how
 many were accepted, and how long drafting and verification took. From that the controller keeps:
 
-- ``verify cost``: seconds to decode and check n rows, per n (EWMA), interpolated between the
-  n values measured and extrapolated linearly beyond them;
+- ``verify cost``: seconds of a decode step of n rows, per n (EWMA), interpolated between the
+  n values measured and extrapolated linearly beyond them; alone, n is the round's own rows;
 - ``draft cost``: seconds per proposed draft token (EWMA);
 - ``acceptance`` a: the per-draft probability of being kept, estimated as if acceptance were
   geometric (a round that keeps j of k drafts contributes j successes and one failure if j < k),
@@ -12,9 +12,14 @@ many were accepted, and how long drafting and verification took. From that the c
 
 The expected number of tokens a round emits with K drafts is (1 - a^(K+1)) / (1 - a), so the
 rate for K is that over ``K * draft + verify(K + 1)``; K = 0 is plain decoding at
-``1 / verify(1)``. In a batch the verify times are those of the whole step, and the tokens the
-other requests emit in that step (``others``) count too: drafts that slow everyone's step pay
-only when they bring more than the rest of the batch loses. The controller picks the best K;
+``1 / verify(1)``. In a batch a round shares its step with other requests' rows
+(``base_rows``), so it is priced as the step it makes: K drafts cost ``verify(base_rows + K +
+1)``, each step's time is recorded under the step's total rows (a round's own row count would
+mix in whatever the others drafted, and a table where more rows cost nothing more makes drafts
+look free), and the tokens the other requests emit in that step (``others``) count too: drafts
+that slow everyone's step pay only when they bring more than the rest of the batch loses.
+Steps that evaluate a prompt are not rounds of this kind: the batch loop decodes plainly then
+and records nothing (``engine.batching``). The controller picks the best K;
 when no K beats plain decoding it stops drafting and re-probes now and then, spending at most a
 few percent of the time on probes.
 
@@ -95,8 +100,10 @@ class AdaptiveDraftLength:
         self._rated = False  # the drafter rates its tokens: cut() decides, next_k() asks max_k
         self.current_k = self.max_k
         self.last_cut_rate: float | None = None  # expected tokens/s of the last cut() prefix
-        # Tokens the other requests in the batch emit per step (set before each decision).
+        # Tokens the other requests in the batch emit per step, and the rows of that step
+        # besides this request's own (set before each decision and each record).
         self.others = 0
+        self.base_rows = 0
 
     # ---- estimates -------------------------------------------------------------------------
     @property
@@ -105,7 +112,7 @@ class AdaptiveDraftLength:
         return self._acc_hits / self._acc_trials if self._acc_trials > 0 else self._prior
 
     def verify_cost(self, rows: int) -> float | None:
-        """Estimated seconds to verify ``rows`` rows (None until anything was measured).
+        """Estimated seconds of a step of ``rows`` rows (None until anything was measured).
 
         Never less than the estimate for fewer rows: more rows cannot be cheaper, and noisy
         measurements must not make a wider batch look free (for rated drafters ``record``
@@ -142,9 +149,18 @@ class AdaptiveDraftLength:
             return float(k + 1)
         return (1.0 - a ** (k + 1)) / (1.0 - a)
 
+    def step_cost(self, k: int) -> float | None:
+        """Estimated seconds of the step this request's round makes with ``k`` drafts."""
+        return self.verify_cost(self.base_rows + k + 1)
+
+    @property
+    def _plain_measured(self) -> bool:
+        """A step of at most this request's plain width was measured."""
+        return any(n <= self.base_rows + 1 for n in self._verify)
+
     def rate(self, k: int) -> float | None:
         """Predicted tokens per second with K = k (None when costs are unknown)."""
-        verify = self.verify_cost(k + 1)
+        verify = self.step_cost(k)
         if verify is None:
             return None
         draft = 0.0 if k == 0 else k * (self._draft.value or 0.0)
@@ -181,7 +197,7 @@ class AdaptiveDraftLength:
         plain = self.rate(0)
         if plain is None:
             return len(confidence)  # nothing measured yet: this round measures a wide verify
-        best_k, self.last_cut_rate = self._best_prefix(confidence, plain, self.verify_cost)
+        best_k, self.last_cut_rate = self._best_prefix(confidence, plain, self.step_cost)
         if best_k > 0:
             self._rated_backoff = _RATED_PROBE_AFTER
         else:
@@ -189,7 +205,7 @@ class AdaptiveDraftLength:
             # (another process took the core) would otherwise rule drafting out for good. So
             # after a long dry spell verify the prefix that would pay at the prior cost curve,
             # waiting twice as long after each probe that did not bring drafting back.
-            probe = self._best_prefix(confidence, plain, self._prior_verify_cost)[0]
+            probe = self._best_prefix(confidence, plain, self._prior_step_cost)[0]
             if probe and self._undrafted >= self._rated_backoff:
                 best_k = probe
                 self._rated_backoff = min(self._max_probe, 2 * self._rated_backoff)
@@ -200,16 +216,17 @@ class AdaptiveDraftLength:
         self,
         confidence: Sequence[float],
         plain: float,
-        verify_cost: Callable[[int], float | None],
+        step_cost: Callable[[int], float | None],
     ) -> tuple[int, float]:
-        """The best prefix length and its expected tokens per second (``plain`` for 0)."""
+        """The best prefix length and its expected tokens per second (``plain`` for 0);
+        ``step_cost(k)`` is the seconds of the step with ``k`` drafts."""
         draft = self._draft.value or 0.0
         best_k, best_rate = 0, plain * _MARGIN
         expected, survive = 1.0 + self.others, 1.0
         for k, c in enumerate(confidence, start=1):
             survive *= c
             expected += survive
-            verify = verify_cost(k + 1)
+            verify = step_cost(k)
             if verify is None:
                 break
             r = expected / (k * draft + verify)
@@ -217,10 +234,10 @@ class AdaptiveDraftLength:
                 best_k, best_rate = k, r
         return best_k, best_rate if best_k else plain
 
-    def _prior_verify_cost(self, rows: int) -> float | None:
-        """Seconds to verify ``rows`` rows by the prior curve from the one-row measurement."""
-        one = self.verify_cost(1)
-        return None if one is None else one * (1.0 + _PRIOR_ROW_SLOPE * (rows - 1))
+    def _prior_step_cost(self, k: int) -> float | None:
+        """Seconds of the step with ``k`` drafts by the prior curve from the plain step."""
+        one = self.step_cost(0)
+        return None if one is None else one * (1.0 + _PRIOR_ROW_SLOPE * k)
 
     # ---- decisions ---------------------------------------------------------------------------
     def _with_acceptance(self, acceptance: float) -> int:
@@ -236,7 +253,7 @@ class AdaptiveDraftLength:
     def hopeless(self) -> bool:
         """True when drafting could not pay even if nearly every draft were accepted: the
         costs alone rule it out (a draft as expensive as the target), so probing is pointless."""
-        if 1 not in self._verify or self._draft.value is None:
+        if not self._plain_measured or self._draft.value is None:
             return False
         return self._with_acceptance(_OPTIMISTIC_ACCEPTANCE) == 0
 
@@ -246,7 +263,7 @@ class AdaptiveDraftLength:
             return self.max_k
         if not self._verify:
             k = self.max_k  # first round: draft, which measures drafting and a wide verify
-        elif 1 not in self._verify:
+        elif not self._plain_measured:
             k = 0  # then measure plain decoding
         else:
             k = self.best_k()
@@ -278,8 +295,8 @@ class AdaptiveDraftLength:
         ``draft_seconds`` is the time spent proposing; ``prepare_seconds`` the time the drafter
         spent catching up on tokens it had not seen (a draft model after rounds without
         drafting: part of what a probe costs); ``verify_seconds`` the time to decode and check
-        ``proposed + 1`` rows."""
-        rows = proposed + 1
+        ``proposed + 1`` rows (in a step of ``base_rows`` more)."""
+        rows = self.base_rows + proposed + 1
         cost = self._verify.setdefault(rows, Ewma(self._cost_alpha))
         # Each choice verifies only the widths it believes pay (a rated drafter's cut(), a
         # model drafter's best K), so a slow round must not stick: a faster time is believed
@@ -322,9 +339,9 @@ class AdaptiveDraftLength:
         """Rounds to wait so that probes cost at most ``_PROBE_BUDGET`` of decoding time."""
         if self.hopeless:
             return self._max_probe
-        plain = self.verify_cost(1)
-        probe = self.verify_cost(_PROBE_LENGTH + 1)
-        if 1 not in self._verify or plain is None or probe is None:
+        plain = self.step_cost(0)
+        probe = self.step_cost(_PROBE_LENGTH)
+        if not self._plain_measured or plain is None or probe is None:
             return self._min_probe
         if self._draft_rounds < _MIN_EVIDENCE:
             return self._min_probe  # too little seen yet to give up on drafting for long

@@ -49,3 +49,15 @@ def restore_verify_costs(state: object, alpha: float = 0.3) -> VerifyCosts:
             if str(n).isdigit() and isinstance(value, (int, float)) and 0 < value < 3600:
                 costs[int(n)] = Ewma(alpha, float(value))
     return costs
+
+
+@dataclass(frozen=True)
+class StepShare:
+    """A decoding request's place in the batch step it plans a round for: how many requests
+    decode in it (this one included), the rows of the others (those planned before it as
+    planned, one for each planned after it) and whether the step evaluates a prompt too (then
+    the request decodes plainly, nothing is chosen, and the step's time measures nothing)."""
+
+    decoding: int = 1
+    other_rows: int = 0
+    prompt: bool = False
