@@ -16,7 +16,8 @@ import pytest
 
 from devtools.daemons import Daemon, start_daemon
 from devtools.realmodels import smollm2_q4_1
-from modelhub.server.responses_request import chat_request
+from modelhub.server.request_models import parse_body
+from modelhub.server.responses_request import ResponsesBody, chat_request
 from tests.fakes.daemon import BASE_URL, FakeDaemon, fake_daemon
 from tests.test_serving_replies import TOOLS_TEMPLATE, WEATHER
 
@@ -201,9 +202,8 @@ def test_stored_reasoning_goes_back_with_the_turn_it_led_to() -> None:
         {"type": "function_call", "call_id": "c1", "name": "wave", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c1", "output": "waved"},
     ]
-    chat = chat_request(
-        {"instructions": "Be brief."}, [{"role": "user", "content": "Again"}], context
-    )
+    body = {"model": "m", "instructions": "Be brief.", "input": "Again"}
+    chat = chat_request(parse_body(ResponsesBody, body), context)
     messages = chat["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "user"]
     assert messages[2]["reasoning_content"] == "Greet back."

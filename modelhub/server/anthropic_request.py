@@ -1,6 +1,7 @@
 """An Anthropic Messages request (``POST /v1/messages``) as the chat request it means.
 
-The body becomes two things the chat path already takes (``completion_request.chat_setup``): the
+The body is parsed once into :class:`MessagesBody` (which also gives the OpenAPI document its
+schema) and becomes two things the chat path already takes (``completion_request.chat_setup``): the
 request's options in Chat Completions' names (``max_tokens``, ``stop``, ``temperature``,
 ``top_p``, ``top_k``, ``tools``, ``tool_choice``, ``think``, ``response_format``) and the
 messages in the template's own form (``role``, ``content``, ``images``, ``thinking``,
@@ -18,64 +19,128 @@ Anything else (documents, server tools, URL or file image sources) is a 400 that
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
 from modelhub.errors import InputError
-from modelhub.server.openai_models import ChatFields, chat_fields
-from modelhub.server.requests import field
+from modelhub.server.openai_models import ChatFields, OpenAIBody, chat_fields
+from modelhub.server.request_models import KeepAlive
+
+_OBJ: dict[str, Any] = {"type": "object"}
+_STR = {"type": "string"}
+_BLOCKS = {"type": "array", "items": _OBJ}
 
 
-@dataclass(frozen=True)
-class MessagesRequest:
-    """What a /v1/messages body asks for, in the chat path's terms."""
-
-    chat: ChatFields  # Chat Completions' fields (options, tools, tool_choice, think)
-    messages: list[dict[str, Any]]  # the template's messages, system first
+def _schema(schema: dict[str, Any]) -> WithJsonSchema:
+    return WithJsonSchema(schema)
 
 
-def read_messages_request(data: dict[str, Any], *, counting: bool = False) -> MessagesRequest:
-    """The chat request of a Messages body; ``counting`` (count_tokens) needs no max_tokens."""
-    chat: dict[str, Any] = {}
-    max_tokens = data.get("max_tokens")
-    if max_tokens is None and not counting:
-        raise InputError("max_tokens: Field required")
-    if max_tokens is not None:
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise InputError("max_tokens: must be a positive integer")
-        chat["max_tokens"] = max_tokens
-    for key in ("temperature", "top_p", "keep_alive", "draft", "draft_num_predict"):
-        if data.get(key) is not None:
-            chat[key] = data[key]
-    if data.get("top_k") is not None:
-        top_k = field(data, "top_k", int, 0)
-        if top_k < 0:
-            raise InputError("top_k: must be a non-negative integer")
-        chat["top_k"] = top_k
-    stops = field(data, "stop_sequences", list, [])
-    if not all(isinstance(s, str) for s in stops):
+def _max_tokens(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError("max_tokens: must be a positive integer")
+    return value
+
+
+def _top_k(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InputError("top_k: must be a non-negative integer")
+    return value
+
+
+def _stops(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise InputError("stop_sequences: must be an array of strings")
-    if stops:
-        chat["stop"] = stops
-    field(data, "metadata", dict, {})  # accepted (user_id), not used
-    chat.update(_tooling(data))
-    think = _think(data.get("thinking"), chat.get("max_tokens"))
-    if think is not None:
-        chat["think"] = think
-    schema = _output_schema(data.get("output_config"))
-    if schema is not None:
-        chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
-    messages = _system(data.get("system")) + _messages(data.get("messages"))
-    return MessagesRequest(chat_fields(chat), messages)
+    return value
 
 
-def _think(thinking: Any, max_tokens: int | None) -> bool | None:
+def _object(name: str) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise InputError(f"{name}: must be an object")
+        return value
+
+    return BeforeValidator(check)
+
+
+class MessagesBody(OpenAIBody):
+    """A ``/v1/messages`` body: Anthropic's fields, each read into the chat path's terms as it
+    is parsed (``messages`` and ``system`` into the template's messages, ``tools`` and
+    ``tool_choice`` into Chat Completions' shapes), plus this API's extensions
+    (``keep_alive``, ``draft``, ``draft_num_predict``)."""
+
+    counting: ClassVar[bool] = False  # count_tokens needs no max_tokens
+
+    max_tokens: Annotated[
+        int | None, BeforeValidator(_max_tokens), _schema({"type": "integer", "minimum": 1})
+    ] = None
+    messages: Annotated[
+        list[dict[str, Any]],
+        BeforeValidator(lambda v: _messages(v)),
+        _schema({"type": "array", "items": {**_OBJ, "required": ["role", "content"]}}),
+    ]
+    system: Annotated[
+        list[dict[str, Any]],
+        BeforeValidator(lambda v: _system(v)),
+        _schema({"oneOf": [_STR, _BLOCKS]}),
+    ] = Field(default_factory=list)
+    stop_sequences: Annotated[list[str], BeforeValidator(_stops)] = Field(default_factory=list)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: Annotated[int | None, BeforeValidator(_top_k)] = None
+    tools: Annotated[
+        list[dict[str, Any]], BeforeValidator(lambda v: _tools(v)), _schema(_BLOCKS)
+    ] = Field(default_factory=list)
+    tool_choice: Annotated[Any, BeforeValidator(lambda v: _tool_choice(v)), _schema(_OBJ)] = None
+    thinking: Annotated[dict[str, Any] | None, _object("thinking")] = None
+    output_config: Annotated[dict[str, Any] | None, _object("output_config")] = None
+    # accepted (``user_id``), not used
+    metadata: Annotated[dict[str, Any], _object("metadata")] = Field(default_factory=dict)
+    stream: bool = False
+    keep_alive: KeepAlive = None
+    draft: Annotated[Any, _schema(_STR)] = None
+    draft_num_predict: Annotated[Any, _schema({"type": "integer"})] = None
+
+    @classmethod
+    def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
+        return {**super().prepare(data), "messages": data.get("messages")}
+
+    @model_validator(mode="after")
+    def _complete(self) -> MessagesBody:
+        if self.max_tokens is None and not self.counting:
+            raise InputError("max_tokens: Field required")
+        _think(self.thinking, self.max_tokens)
+        _output_schema(self.output_config)
+        return self
+
+    def chat(self) -> ChatFields:
+        """The request's options in Chat Completions' names, parsed as such."""
+        extensions = ("temperature", "top_p", "top_k", "keep_alive", "draft", "draft_num_predict")
+        out: dict[str, Any] = {k: getattr(self, k) for k in extensions}
+        out |= {"max_tokens": self.max_tokens, "stop": self.stop_sequences or None}
+        out |= {"tools": self.tools, "tool_choice": self.tool_choice}
+        out["think"] = _think(self.thinking, self.max_tokens)
+        schema = _output_schema(self.output_config)
+        if schema is not None:
+            out["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        return chat_fields({k: v for k, v in out.items() if v is not None})
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The template's messages, system first."""
+        return self.system + self.messages
+
+
+class CountTokensBody(MessagesBody):
+    """A ``/v1/messages/count_tokens`` body: a Messages body without ``max_tokens``."""
+
+    counting: ClassVar[bool] = True
+
+
+def _think(thinking: dict[str, Any] | None, max_tokens: int | None) -> bool | None:
     """``thinking``: enabled -> reasoning on, disabled -> off, adaptive or absent -> the
     model's default (a model whose template reasons does)."""
     if thinking is None:
         return None
-    if not isinstance(thinking, dict):
-        raise InputError("thinking: must be an object")
     kind = thinking.get("type")
     if kind == "disabled":
         return False
@@ -91,10 +156,8 @@ def _think(thinking: Any, max_tokens: int | None) -> bool | None:
     return True
 
 
-def _output_schema(config: Any) -> dict[str, Any] | None:
-    if config is None:
-        return None
-    fmt = config.get("format") if isinstance(config, dict) else None
+def _output_schema(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    fmt = config.get("format") if config is not None else None
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
@@ -105,29 +168,27 @@ def _output_schema(config: Any) -> dict[str, Any] | None:
     return schema
 
 
-def _tooling(data: dict[str, Any]) -> dict[str, Any]:
-    """``tools`` (custom tools with an ``input_schema``) and ``tool_choice``, in Chat
-    Completions' shapes: ``any`` is ``required``, ``tool`` a named function."""
-    out: dict[str, Any] = {}
-    tools = field(data, "tools", list, [])
-    if tools:
-        out["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
-    choice = data.get("tool_choice")
-    if choice is None:
-        return out
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    """Custom tools (a name and an ``input_schema``) as Chat Completions' functions."""
+    if not isinstance(tools, list):
+        raise InputError("tools: must be an array of tools")
+    return [_tool(t, i) for i, t in enumerate(tools)]
+
+
+def _tool_choice(choice: Any) -> Any:
+    """Anthropic's ``tool_choice`` in Chat Completions' shape: ``any`` is ``required``,
+    ``tool`` a named function."""
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind in ("auto", "none"):
-        out["tool_choice"] = kind
-    elif kind == "any":
-        out["tool_choice"] = "required"
-    elif kind == "tool" and isinstance(choice.get("name"), str) and choice["name"]:
-        out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    else:
-        raise InputError(
-            'tool_choice: must be {"type": "auto"}, {"type": "any"}, {"type": "none"} or '
-            '{"type": "tool", "name": ...}'
-        )
-    return out
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool" and isinstance(choice.get("name"), str) and choice["name"]:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise InputError(
+        'tool_choice: must be {"type": "auto"}, {"type": "any"}, {"type": "none"} or '
+        '{"type": "tool", "name": ...}'
+    )
 
 
 def _tool(tool: Any, index: int) -> dict[str, Any]:

@@ -17,14 +17,14 @@ from typing import Any
 from modelhub.replies.reply import ReplyPart
 from modelhub.replies.tool_calls import ToolCall
 from modelhub.server.jsonbody import sse
+from modelhub.server.responses_request import ResponsesBody
 
 
 @dataclass
 class Reply:
     """One response being built: its ids, output items and the stream's sequence numbers."""
 
-    model: str
-    request: dict[str, Any]
+    request: ResponsesBody
     ident: str = field(default_factory=lambda: "resp_" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
     output: list[dict[str, Any]] = field(default_factory=list)
@@ -44,23 +44,23 @@ class Reply:
             "object": "response",
             "created_at": self.created,
             "status": status,
-            "model": self.model,
+            "model": self.request.model,
             "output": self.output,
-            "instructions": self.request.get("instructions"),
-            "tools": self.request.get("tools") or [],
-            "tool_choice": self.request.get("tool_choice") or "auto",
+            "instructions": self.request.instructions,
+            "tools": self.request.tools,
+            "tool_choice": self.request.tool_choice or "auto",
             "parallel_tool_calls": True,
-            "temperature": self.request.get("temperature", 1.0),
-            "top_p": self.request.get("top_p", 1.0),
-            "max_output_tokens": self.request.get("max_output_tokens"),
+            "temperature": _or(self.request.temperature, 1.0),
+            "top_p": _or(self.request.top_p, 1.0),
+            "max_output_tokens": self.request.max_output_tokens,
             "previous_response_id": self.previous,
             "store": self.stored,
-            "truncation": self.request.get("truncation") or "disabled",
-            "reasoning": self.request.get("reasoning") or {"effort": None, "summary": None},
-            "text": self.request.get("text") or {"format": {"type": "text"}},
+            "truncation": self.request.truncation,
+            "reasoning": self.request.reasoning or {"effort": None, "summary": None},
+            "text": self.request.text or {"format": {"type": "text"}},
             "error": None,
             "incomplete_details": None,
-            "metadata": self.request.get("metadata") or {},
+            "metadata": self.request.metadata,
             "usage": None,
         }
         if result is not None:
@@ -80,6 +80,10 @@ class Reply:
                 body["status"] = "incomplete"
                 body["incomplete_details"] = {"reason": "max_output_tokens"}
         return body
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _reasoning_item(text: str) -> dict[str, Any]:

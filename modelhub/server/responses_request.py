@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from modelhub.errors import InputError
 from modelhub.server.audio import openai_audio
 from modelhub.server.images import image_url_data
+from modelhub.server.openai_models import ChatFields, OpenAIBody, chat_fields
 
 _PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
 TRUNCATION = ("disabled", "auto")
@@ -30,11 +34,115 @@ def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-# ---- input -> items ------------------------------------------------------------------------
-def input_items(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's ``input`` as items, each with an ``id`` (kept when the client gave one)
-    and message content as parts."""
-    raw = data.get("input")
+# ---- the body -----------------------------------------------------------------------------
+def _schema(schema: dict[str, Any]) -> WithJsonSchema:
+    return WithJsonSchema(schema)
+
+
+def _refused(name: str) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if value:
+            raise InputError(
+                f"{name} is not supported: use previous_response_id, or send the "
+                "whole conversation in input"
+            )
+        return value
+
+    return BeforeValidator(check)
+
+
+def _checked(check: Callable[[Any], bool], message: str) -> BeforeValidator:
+    def validate(value: Any) -> Any:
+        if not check(value):
+            raise InputError(message)
+        return value
+
+    return BeforeValidator(validate)
+
+
+def _text_format(text: Any) -> Any:
+    fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if not isinstance(text, dict) or (fmt is not None and kind not in _FORMATS):
+        raise InputError('text.format must be {"type": "text"}, "json_object" or "json_schema"')
+    return text
+
+
+_FORMATS = ("text", "json_object", "json_schema")
+_OBJ: dict[str, Any] = {"type": "object"}
+_INPUT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _OBJ}]}
+
+
+class ResponsesBody(OpenAIBody):
+    """A ``/v1/responses`` body: ``input`` read into items with ids as it is parsed, the other
+    fields checked and kept as sent (the response echoes them), plus the extensions of
+    /v1/chat/completions (``keep_alive``, ``options``, ``draft``, ``draft_num_predict``,
+    ``top_k``). :meth:`chat` is the chat request it stands for."""
+
+    input: Annotated[
+        list[dict[str, Any]], BeforeValidator(lambda v: _input_items(v)), _schema(_INPUT)
+    ]
+    instructions: Annotated[
+        str | None, _checked(lambda v: isinstance(v, str), "instructions must be a string")
+    ] = None
+    previous_response_id: Annotated[
+        str | None,
+        _checked(
+            lambda v: isinstance(v, str) and bool(v),
+            "previous_response_id must be a response id (resp_...)",
+        ),
+    ] = None
+    store: Annotated[
+        bool, _checked(lambda v: isinstance(v, bool), "store must be true or false")
+    ] = True
+    truncation: Annotated[
+        Literal["disabled", "auto"],
+        _checked(
+            lambda v: v in TRUNCATION, 'truncation must be "disabled" (the default) or "auto"'
+        ),
+    ] = "disabled"
+    tools: Annotated[list[dict[str, Any]], BeforeValidator(lambda v: _tools(v))] = Field(
+        default_factory=list
+    )  # as sent (the response echoes them); :func:`_tool` makes them the chat's
+    tool_choice: Annotated[Any, _schema({"oneOf": [{"type": "string"}, _OBJ]})] = None
+    reasoning: dict[str, Any] | None = None
+    text: Annotated[dict[str, Any] | None, BeforeValidator(_text_format)] = None
+    max_output_tokens: Annotated[
+        int | None,
+        _checked(
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+            "max_output_tokens must be a positive integer",
+        ),
+        _schema({"type": "integer", "minimum": 1}),
+    ] = None
+    temperature: Annotated[Any, _schema({"type": "number"})] = None
+    top_p: Annotated[Any, _schema({"type": "number"})] = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = False
+    background: Annotated[Any, _refused("background"), _schema({"type": "boolean"})] = None
+    conversation: Annotated[Any, _refused("conversation"), _schema(_OBJ)] = None
+    # passed to the chat request as they are (checked there, as on /v1/chat/completions)
+    seed: Annotated[Any, _schema({"type": "integer"})] = None
+    stop: Annotated[Any, _schema({"oneOf": [{"type": "string"}, {"type": "array"}]})] = None
+    keep_alive: Annotated[Any, _schema({"oneOf": [{"type": "string"}, {"type": "number"}]})] = None
+    options: Annotated[Any, _schema(_OBJ)] = None
+    draft: Annotated[Any, _schema({"type": "string"})] = None
+    draft_num_predict: Annotated[Any, _schema({"type": "integer"})] = None
+    top_k: Annotated[Any, _schema({"type": "integer"})] = None
+
+    @classmethod
+    def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
+        return {**super().prepare(data), "input": data.get("input")}
+
+    def chat(self, context: list[dict[str, Any]] | None = None) -> ChatFields:
+        """The chat-completions request: this body's input after the ``context`` it
+        continues (a stored conversation's items)."""
+        return chat_fields(chat_request(self, context))
+
+
+def _input_items(raw: Any) -> list[dict[str, Any]]:
+    """``input`` as items, each with an ``id`` (kept when the client gave one) and message
+    content as parts."""
     if isinstance(raw, str):
         raw = [{"type": "message", "role": "user", "content": raw}]
     elif raw is None:
@@ -66,61 +174,39 @@ def _parts(content: Any, role: Any, where: str) -> Any:
 
 # ---- items -> the chat request -------------------------------------------------------------
 def chat_request(
-    data: dict[str, Any], items: list[dict[str, Any]], context: list[dict[str, Any]] | None = None
+    body: ResponsesBody, context: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """The chat-completions request of a Responses request: ``items`` (its input) after the
-    ``context`` it continues."""
-    for key in ("background", "conversation"):
-        if data.get(key):
-            raise InputError(
-                f"{key} is not supported: use previous_response_id, or send the "
-                "whole conversation in input"
-            )
-    out: dict[str, Any] = {"messages": _messages(data, items, context or [])}
-    # The last three are extensions, as on /v1/chat/completions.
-    for key in (
-        "temperature",
-        "top_p",
-        "seed",
-        "stop",
-        "keep_alive",
-        "options",
-        "draft",
-        "draft_num_predict",
-        "top_k",
-    ):
-        if data.get(key) is not None:
-            out[key] = data[key]
-    if data.get("max_output_tokens") is not None:
-        out["max_tokens"] = data["max_output_tokens"]
-    if data.get("tools"):
-        out["tools"] = [_tool(t, i) for i, t in enumerate(_list(data["tools"], "tools"))]
-    if data.get("tool_choice") is not None:  # every API reads every shape (reply_options)
-        out["tool_choice"] = data["tool_choice"]
-    reasoning = data.get("reasoning")
-    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
-        out["reasoning_effort"] = reasoning["effort"]
-    out["truncate"] = truncation(data) == "auto"  # OpenAI's default: refuse what does not fit
-    fmt = (data.get("text") or {}).get("format") if isinstance(data.get("text"), dict) else None
+    """The chat-completions request of a Responses body (before it is parsed as one)."""
+    out: dict[str, Any] = {"messages": _messages(body.instructions, body.input, context or [])}
+    # The last five are extensions, as on /v1/chat/completions.
+    for key in _PASSED:
+        out[key] = getattr(body, key)
+    out["max_tokens"] = body.max_output_tokens
+    out["tools"] = [_tool(t, i) for i, t in enumerate(body.tools)] or None
+    out["tool_choice"] = body.tool_choice  # every API reads every shape (reply_options)
+    if body.reasoning is not None:
+        out["reasoning_effort"] = body.reasoning.get("effort")
+    out["truncate"] = body.truncation == "auto"  # OpenAI's default: refuse what does not fit
+    fmt = body.text.get("format") if body.text is not None else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        out["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"schema": fmt.get("schema")},
-        }
+        schema = {"schema": fmt.get("schema")}
+        out["response_format"] = {"type": "json_schema", "json_schema": schema}
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         out["response_format"] = {"type": "json_object"}
-    elif fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise InputError('text.format must be {"type": "text"}, "json_object" or "json_schema"')
-    return out
+    return {k: v for k, v in out.items() if v is not None}
 
 
-def truncation(data: dict[str, Any]) -> str:
-    value = data.get("truncation")
-    if value is None:
-        return "disabled"
-    if value not in TRUNCATION:
-        raise InputError('truncation must be "disabled" (the default) or "auto"')
-    return str(value)
+_PASSED = (
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "keep_alive",
+    "options",
+    "draft",
+    "draft_num_predict",
+    "top_k",
+)
 
 
 def _list(value: Any, name: str) -> list[Any]:
@@ -130,13 +216,10 @@ def _list(value: Any, name: str) -> list[Any]:
 
 
 def _messages(
-    data: dict[str, Any], items: list[dict[str, Any]], context: list[dict[str, Any]]
+    instructions: str | None, items: list[dict[str, Any]], context: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
-    instructions = data.get("instructions")
     if instructions is not None:
-        if not isinstance(instructions, str):
-            raise InputError("instructions must be a string")
         messages.append({"role": "system", "content": instructions})
     thinking: list[str] = []  # reasoning waiting for the assistant turn it belongs to
     for i, item in enumerate(context):
@@ -254,6 +337,12 @@ def _audio(part: dict[str, Any], where: str) -> dict[str, Any]:
     data = openai_audio(chat, where)
     fmt = body.get("format") if isinstance(body, dict) else None
     return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    for index, tool in enumerate(_list(tools, "tools")):
+        _tool(tool, index)
+    return list(tools)
 
 
 def _tool(tool: Any, index: int) -> dict[str, Any]:

@@ -27,14 +27,13 @@ from fastapi.responses import Response, StreamingResponse
 
 from modelhub.errors import ModelhubError
 from modelhub.replies.reply import ReplyPart
-from modelhub.runtime.planning import keep_alive_seconds
-from modelhub.server.anthropic_request import read_messages_request
+from modelhub.server.anthropic_request import CountTokensBody, MessagesBody
 from modelhub.server.completion_request import Setup, chat_setup, completion_events
 from modelhub.server.errors import error_body
 from modelhub.server.generation import chained, collect, gathered, runner_counter
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
-from modelhub.server.requests import read_model_request
+from modelhub.server.request_models import openapi_body, read_request
 from modelhub.server.state import get_state
 
 router = APIRouter()
@@ -153,18 +152,18 @@ def usage(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=openapi_body(MessagesBody))
 async def messages(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    req = await read_model_request(request, stream_default=False, alias=False)
-    ask = read_messages_request(req.data)
-    view = await find_model(state, req.model)
-    setup = chat_setup(state, view, ask.chat, ask.messages)
-    events = completion_events(state, ask.chat, setup, view, started)
-    head = await collect(events, request, first_token_only=req.stream)
-    reply = _Reply(req.model, list(ask.chat.stop or []))
-    if req.stream:
+    body = await read_request(request, MessagesBody)
+    chat = body.chat()
+    view = await find_model(state, body.model)
+    setup = chat_setup(state, view, chat, body.chat_messages())
+    events = completion_events(state, chat, setup, view, started)
+    head = await collect(events, request, first_token_only=body.stream)
+    reply = _Reply(body.model, body.stop_sequences)
+    if body.stream:
         prompt = next((e["prompt_tokens"] for e in head if e.get("event") == "prompt"), 0)
         stream = _streamed(reply, setup, chained(head, events), int(prompt or 0))
         return StreamingResponse(stream, media_type="text/event-stream")
@@ -201,16 +200,14 @@ async def _streamed(
         yield _event("error", error=error_body(exc, "anthropic")["error"])
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=openapi_body(CountTokensBody))
 async def count_tokens(request: Request) -> Response:
     """The prompt's length in the model's own tokens (the model is loaded to count them)."""
     state = get_state(request)
-    req = await read_model_request(request, stream_default=False, alias=False)
-    ask = read_messages_request(req.data, counting=True)
-    view = await find_model(state, req.model)
-    setup = chat_setup(state, view, ask.chat, ask.messages)
+    body = await read_request(request, CountTokensBody)
+    view = await find_model(state, body.model)
+    setup = chat_setup(state, view, body.chat(), body.chat_messages())
     spec = state.plan(view, None).spec
-    keep_alive = keep_alive_seconds(req.data.get("keep_alive"))
-    async with state.scheduler.use(spec, keep_alive, sequence=False) as loaded:
+    async with state.scheduler.use(spec, body.keep_alive, sequence=False) as loaded:
         counts = await runner_counter(loaded)([setup.text], True)
     return JSONResponse({"input_tokens": counts[0]})

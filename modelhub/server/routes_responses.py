@@ -26,10 +26,9 @@ from modelhub.server.errors import error_body
 from modelhub.server.generation import chained, collect, gathered
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
-from modelhub.server.openai_models import chat_fields
-from modelhub.server.requests import read_model_request
+from modelhub.server.request_models import openapi_body, read_request
 from modelhub.server.responses_reply import Reply, Streamer, whole_reply
-from modelhub.server.responses_request import chat_request, input_items
+from modelhub.server.responses_request import ResponsesBody
 from modelhub.server.responses_store import ResponseStore, StoredResponse
 from modelhub.server.state import get_state
 
@@ -38,54 +37,43 @@ Event = dict[str, Any]
 Save = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", openapi_extra=openapi_body(ResponsesBody))
 async def responses(request: Request) -> Response:
     started = time.monotonic_ns()
     state = get_state(request)
-    req = await read_model_request(request, stream_default=False, alias=False)
+    body = await read_request(request, ResponsesBody)
     store = state.responses
-    previous = await _previous(store, req.data)
-    items = input_items(req.data)
+    previous = await _previous(store, body.previous_response_id)
     context = previous.conversation() if previous is not None else []
-    chat = chat_fields(chat_request(req.data, items, context))
-    view = await find_model(state, req.model)
+    chat = body.chat(context)
+    view = await find_model(state, body.model)
     setup = chat_setup(state, view, chat)
     events = completion_events(state, chat, setup, view, started)
-    head = await collect(events, request, first_token_only=req.stream)
+    head = await collect(events, request, first_token_only=body.stream)
 
-    keep = _wants_store(req.data) and store.enabled
-    reply = Reply(req.model, req.data, previous=previous.ident if previous else None, stored=keep)
+    keep = body.store and store.enabled
+    reply = Reply(body, previous=previous.ident if previous else None, stored=keep)
 
     async def save(response: dict[str, Any]) -> None:
         if keep:
-            await asyncio.to_thread(store.put, StoredResponse(response, items, context))
+            await asyncio.to_thread(store.put, StoredResponse(response, body.input, context))
 
-    if not req.stream:
+    if not body.stream:
         whole = ReplyPart()
         result = await gathered(chained(head, events), setup, whole.add)
         whole_reply(reply, whole)
-        body = reply.response("completed", result)
-        await save(body)
-        return JSONResponse(body)
+        answer = reply.response("completed", result)
+        await save(answer)
+        return JSONResponse(answer)
     return StreamingResponse(
         _streamed(reply, setup, chained(head, events), save), media_type="text/event-stream"
     )
 
 
-def _wants_store(data: dict[str, Any]) -> bool:
-    value = data.get("store", True)
-    if not isinstance(value, bool):
-        raise InputError("store must be true or false")
-    return value
-
-
-async def _previous(store: ResponseStore, data: dict[str, Any]) -> StoredResponse | None:
+async def _previous(store: ResponseStore, ident: str | None) -> StoredResponse | None:
     """The stored response ``previous_response_id`` continues (404 when there is none)."""
-    ident = data.get("previous_response_id")
     if ident is None:
         return None
-    if not isinstance(ident, str) or not ident:
-        raise InputError("previous_response_id must be a response id (resp_...)")
     if not store.enabled:
         raise InputError(
             "previous_response_id cannot be used: this daemon stores no responses "
