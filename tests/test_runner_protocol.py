@@ -3,7 +3,6 @@ error that keeps its class across the pipe. Pure: no runner, no llama.cpp."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from dataclasses import fields
@@ -28,7 +27,6 @@ from modelhub.errors import (
     error_name,
     rebuilt_error,
 )
-from modelhub.runtime.runner_process import RunnerProcess
 
 
 def test_runner_options_are_the_engines_options() -> None:
@@ -139,18 +137,15 @@ def test_the_runner_refuses_what_it_does_not_know() -> None:
         assert type(event.exception()) is RunnerProtocolError
 
 
-def test_the_daemon_refuses_to_send_what_the_runner_would_not_know() -> None:
-    """RunnerProcess checks a request before it is pending or written: nothing to cancel."""
-    process = RunnerProcess("tiny")
-
-    async def scenario() -> None:
-        bad = {"op": "generate", "prompt": "hi", "options": {"temprature": 1}}
-        with pytest.raises(RunnerProtocolError, match=r"generate\.options\.temprature"):
-            async for _ in process.request(bad):
-                pass
-        assert process.pending == {}
-
-    asyncio.run(scenario())
+def test_the_daemon_refuses_to_build_what_the_runner_would_not_know() -> None:
+    """A request is typed where the daemon makes it: an option the runner would not know
+    (the one part built from a dict: a plan's options) fails there, naming it, before any
+    runner is asked."""
+    with pytest.raises(RunnerProtocolError, match=r"generate\.options\.temprature: Extra"):
+        p.runner_options({"temperature": 0.5, "temprature": 1})
+    with pytest.raises(RunnerProtocolError, match=r"generate\.options\.top_k"):
+        p.runner_options({"top_k": "many"})
+    assert p.runner_options({"top_k": 3}).given() == {"top_k": 3}
 
 
 def test_the_load_plan_is_the_engine_config_field_for_field() -> None:

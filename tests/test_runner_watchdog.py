@@ -22,6 +22,7 @@ import pytest
 from devtools.daemons import Daemon, start_daemon
 from devtools.realmodels import smollm2_q4_1
 from modelhub.config import Settings
+from modelhub.engine import protocol as proto
 from modelhub.errors import InputError
 from modelhub.runtime.loadspec import LoadSpec
 from modelhub.runtime.runner_process import LINE_LIMIT, RunnerProcess
@@ -123,7 +124,7 @@ def test_a_long_prefill_is_not_taken_for_silence() -> None:
     prompt = " ".join(f"word{i}" for i in range(700))
     config = {"model_path": str(smollm2_q4_1()), "n_ctx": 4096, "n_batch": 2048}
     spec = LoadSpec.make("smol", "sha256:" + "0" * 64, "sha256:" + "1" * 64, config, {})
-    msg = {"op": "generate", "prompt": prompt, "options": {"num_predict": 1}}
+    msg = proto.Generate(prompt=prompt, options=proto.RunnerOptions(num_predict=1))
 
     async def scenario() -> list[dict[str, object]]:
         scheduler = Scheduler(runner_timeout=1)
@@ -218,18 +219,18 @@ def test_an_unreadable_reply_fails_its_request_and_a_fresh_runner_serves(tmp_pat
         "tiny", "sha256:" + "0" * 64, "sha256:" + "1" * 64, {"model_path": str(model)}, {}
     )
 
-    async def run(scheduler: Scheduler, msg: dict[str, object]) -> list[dict[str, object]]:
+    async def run(scheduler: Scheduler, msg: proto.Job) -> list[dict[str, object]]:
         async with scheduler.use(spec, keep_alive=None) as loaded:
             return [event async for event in loaded.process.request(msg)]
 
     async def scenario() -> None:
         scheduler = Scheduler(runner_factory=factory, runner_timeout=TIMEOUT)
         try:
-            embed = {"op": "embed", "texts": ["the hello world"] * 20}
+            embed = proto.Embed(texts=["the hello world"] * 20)
             failed = await asyncio.wait_for(run(scheduler, embed), 60)
             assert failed[-1]["event"] == "error", failed[-1]
             assert "longer than the 4096 bytes" in str(failed[-1]["message"])
-            generate = {"op": "generate", "prompt": "the", "options": {"num_predict": 4}}
+            generate = proto.Generate(prompt="the", options=proto.RunnerOptions(num_predict=4))
             served = await asyncio.wait_for(run(scheduler, generate), 60)
             assert served[-1]["event"] == "done", served[-1]
         finally:

@@ -173,6 +173,16 @@ def decode_request(line: str | bytes | dict[str, Any]) -> Request:
         raise RunnerProtocolError(f"runner protocol: {_describe(exc)}") from None
 
 
+def runner_options(options: dict[str, Any]) -> RunnerOptions:
+    """A plan's options as a ``generate`` request carries them, or a ``RunnerProtocolError``
+    naming the option the runner would not know (the only part of a request the daemon
+    builds from a dict: the others are typed where they are made)."""
+    try:
+        return RunnerOptions.model_validate(options)
+    except ValidationError as exc:
+        raise RunnerProtocolError(f"runner protocol: generate.options.{_describe(exc)}") from None
+
+
 def request_id(line: str | bytes | dict[str, Any]) -> str:
     """The ``id`` of a line that did not decode, to answer it with its error ("" if none)."""
     try:

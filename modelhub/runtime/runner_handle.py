@@ -3,10 +3,11 @@ subprocess) and the tests' fake runner (``tests/fakes/runner.py``, in-process, n
 both implement.
 
 A handle is made by the scheduler's ``runner_factory(label)``, started once with the load
-config (``engine.protocol.Load``'s), then serves requests until it is closed or dies. Requests
-and events are the dicts of ``engine.protocol``'s messages: ``request`` checks a request
-against the protocol before it goes out and yields its events up to the final one (an
-``error`` event carries its class: ``engine.protocol.raise_if_error``).
+config (``engine.protocol.Load``'s), then serves requests until it is closed or dies. A
+request is one of ``engine.protocol``'s typed jobs (``Generate``, ``Embed``, ``Count``, ...,
+built where the request is made, so a field the runner does not know fails there); ``request``
+gives it an id, sends it and yields its events, as the dicts of the protocol's messages, up
+to the final one (an ``error`` event carries its class: ``engine.protocol.raise_if_error``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from modelhub.engine import protocol as p
 from modelhub.engine.load_config import LoadConfig
 
 
@@ -34,7 +36,7 @@ class RunnerHandle(Protocol):
     ) -> dict[str, Any]:
         """Load; the ``loaded`` event's fields, or the load's error (nothing left running)."""
 
-    def request(self, msg: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def request(self, msg: p.Job) -> AsyncIterator[dict[str, Any]]:
         """Send one request and yield its events until the final one."""
 
     async def close(self) -> None:

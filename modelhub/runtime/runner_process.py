@@ -257,10 +257,10 @@ class RunnerProcess:
             )
         return f"model runner for {self.label} stopped unexpectedly ({self.exit_reason}){detail}"
 
-    async def request(self, msg: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def request(self, msg: p.Job) -> AsyncIterator[dict[str, Any]]:
         """Send one request and yield its events until the final one."""
         rid = f"r{next(_ids)}"
-        request = p.decode_request({**msg, "id": rid})  # refused here, before it is pending
+        request = msg.model_copy(update={"id": rid})
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.pending[rid] = q
         finished = False

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from modelhub.engine import protocol as proto
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
@@ -92,14 +93,13 @@ async def completion_events(
     p = state.plan(view, ollama_options(body), prediction=bool(body.prediction))
     top = setup.top
     options = p.options if top is None else {**p.options, "top_logprobs": top}
-    msg = {
-        "op": "generate",
-        "prompt": setup.text,
-        "options": options,
-        "grammar": setup.grammar,
-        "prediction": body.prediction,
+    msg = proto.Generate(
+        prompt=setup.text,
+        options=proto.runner_options(options),
+        grammar=setup.grammar,
+        prediction=body.prediction,
         **setup.images.runner_fields(),
-    }
+    )
     keep_alive = body.keep_alive
     prompt_tokens = 0
     async for ev in run_on_runner(state, p, keep_alive, msg, started, setup.fit):

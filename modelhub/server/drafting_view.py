@@ -14,6 +14,7 @@ import asyncio
 import json
 from typing import Any
 
+from modelhub.engine import protocol as proto
 from modelhub.errors import ModelhubError
 from modelhub.library.drafters import DrafterOption, auto_drafters, draft_mode, fixed_drafter
 from modelhub.library.views import ModelView
@@ -50,7 +51,7 @@ async def _measured(state: ServerState, view: ModelView) -> dict[str, Any] | Non
     for loaded in state.scheduler.snapshot():
         if loaded.spec.model_blob == layer.digest and loaded.usable:
             try:
-                async for event in loaded.process.request({"op": "drafting"}):
+                async for event in loaded.process.request(proto.Drafting()):
                     if event.get("event") == "drafting":
                         report = event.get("report")
                         return report if isinstance(report, dict) else None

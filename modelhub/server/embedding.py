@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from modelhub.engine import protocol as proto
 from modelhub.errors import InputError, ModelhubError
 from modelhub.library.views import ModelView
 from modelhub.server.generation import run_on_runner
@@ -40,7 +41,7 @@ async def embed_texts(
     load_ns = 0
     vectors: list[list[float]] = []
     count = 0
-    async for ev in run_on_runner(state, p, keep_alive, {"op": "embed", "texts": texts}, started):
+    async for ev in run_on_runner(state, p, keep_alive, proto.Embed(texts=texts), started):
         if ev.get("event") == "ready":
             load_ns = int(ev["load_duration"])
         elif ev.get("event") in ("vectors", "embeddings"):  # pieces, then the last one

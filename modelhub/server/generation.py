@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from modelhub.engine import protocol as proto
 from modelhub.engine.protocol import raise_if_error
 from modelhub.errors import ModelhubError, RequestCancelledError
 from modelhub.replies.reply import ReplyPart
@@ -39,23 +40,23 @@ async def run_on_runner(
     state: ServerState,
     plan: Plan,
     keep_alive: float | None,
-    msg: dict[str, Any],
+    msg: proto.Generate | proto.Embed,
     started_ns: int,
     fit: ChatFit | None = None,
 ) -> AsyncIterator[Event]:
     """Yield runner events; the first one is ``{"event": "ready", "load_duration": ns}``.
-    With ``fit``, the prompt is what it makes on the runner (``msg["prompt"]`` is replaced)."""
-    if msg.get("op") == "generate":
+    With ``fit``, the prompt is what it makes on the runner (``msg.prompt`` is replaced)."""
+    if isinstance(msg, proto.Generate):
         n_ctx = plan.spec.config.n_ctx
-        text = fit.shortest() if fit is not None else str(msg.get("prompt") or "")
+        text = fit.shortest() if fit is not None else msg.prompt
         await asyncio.to_thread(check_prompt_fits, state, plan.spec.model_blob, text, n_ctx)
     # An embedding takes no sequence: it runs beside generations (see runtime.scheduler).
-    sequence = msg.get("op") != "embed"
+    sequence = not isinstance(msg, proto.Embed)
     async with state.scheduler.use(plan.spec, keep_alive, sequence=sequence) as loaded:
         yield {"event": "ready", "load_duration": time.monotonic_ns() - started_ns}
-        if fit is not None:
+        if fit is not None and isinstance(msg, proto.Generate):
             count = runner_counter(loaded, fit.count_fields())
-            msg = {**msg, "prompt": await fit(count, context_size(loaded))}
+            msg = msg.model_copy(update={"prompt": await fit(count, context_size(loaded))})
         async for event in loaded.process.request(msg):
             raise_if_error(event)  # the class the runner raised
             kind_of = event.get("event")
@@ -82,7 +83,7 @@ def runner_counter(loaded: Loaded, extra: dict[str, Any] | None = None) -> Count
     image fields (``RequestImages.count_fields``), so that images count as their positions."""
 
     async def count(texts: list[str], add_special: bool) -> list[int]:
-        msg = {"op": "count", "texts": texts, "add_special": add_special, **(extra or {})}
+        msg = proto.Count(texts=texts, add_special=add_special, **(extra or {}))
         counts: list[int] | None = None
         async for event in loaded.process.request(msg):  # ends after its final event
             raise_if_error(event)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from modelhub.config import MAX_DURATION_SECONDS
+from modelhub.engine import protocol as proto
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
@@ -181,15 +182,14 @@ async def generate(request: Request) -> Response:
         )
         # the request's own template: seconds to parse when large, so off the loop
         text = await off_loop(render) if req.template else render()
-    msg = {
-        "op": "generate",
-        "prompt": text,
-        "context": req.context or None,
-        "options": _with_logprobs(p.options, req),
-        "grammar": request_grammar({"grammar": req.grammar}, req.format),
-        "prediction": req.prediction,
+    msg = proto.Generate(
+        prompt=text,
+        context=req.context or None,
+        options=proto.runner_options(_with_logprobs(p.options, req)),
+        grammar=request_grammar({"grammar": req.grammar}, req.format),
+        prediction=req.prediction,
         **images.runner_fields(),
-    }
+    )
     shaper = NativeShaper(
         req.model,
         chat=False,
@@ -245,8 +245,12 @@ async def chat(request: Request) -> Response:
         return await _rendered_only(state, p, req, fit)
     grammar = request_grammar({"grammar": req.grammar}, req.format, tooling.grammar)
     options = _with_logprobs(p.options, req)
-    msg = {"op": "generate", "prompt": text, "options": options, "grammar": grammar}
-    msg.update(images.runner_fields())
+    msg = proto.Generate(
+        prompt=text,
+        options=proto.runner_options(options),
+        grammar=grammar,
+        **images.runner_fields(),
+    )
     shaper = NativeShaper(
         req.model,
         chat=True,

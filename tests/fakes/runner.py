@@ -84,10 +84,11 @@ class FakeRunner:
         )
         return p.decode_event(loaded.encode()).wire()
 
-    async def request(self, msg: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def request(self, msg: p.Job) -> AsyncIterator[dict[str, Any]]:
         if self.dead:
             raise RunnerCrashedError(f"model runner for {self.label} stopped unexpectedly")
-        req = p.decode_request({"id": f"f{len(self.received)}", **msg})
+        rid = f"f{len(self.received)}"
+        req = p.decode_request(msg.model_copy(update={"id": rid}).encode())  # as the pipe has it
         self.received.append(req)
         for event in self._answer(req):
             if isinstance(event, float):
