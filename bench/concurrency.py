@@ -378,8 +378,9 @@ def edit_prompt() -> str:
 
 
 def _tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and its live descendants, whichever thread started them (a
-    runner is the child of a daemon thread, not listed in the main thread's ``children``)."""
+    """CPU seconds of a process and its descendants, whichever thread started them (a runner
+    is the child of a daemon thread, not listed in the main thread's ``children``); those that
+    have exited count through their parent's reaped-children times (a replaced runner)."""
     import os
 
     try:
@@ -395,7 +396,7 @@ def _tree_cpu(pid: int) -> float:
                 children.update(int(c) for c in f.read().split())
         except OSError:
             continue
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = sum(int(t) for t in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # u, s, cu, cs
     return own + sum(_tree_cpu(c) for c in children)
 
 

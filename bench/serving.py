@@ -177,40 +177,25 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _children(pid: int) -> list[int]:
+    """A process's children, whichever of its threads started them (the daemon starts its
+    runners from a worker thread: the main thread's ``children`` does not list them)."""
+    found: list[int] = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return found
 
 
 def _self_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and all its live descendants."""
-    return _cpu_seconds(pid) + sum(_tree_cpu(child) for child in _children(pid))
-
-
-def _machine_busy_seconds() -> float:
-    """Non-idle CPU seconds of the whole machine since boot (all cores)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:9]]
-    idle = ticks[3] + ticks[4]  # idle, iowait; the others are user nice system irq softirq steal
-    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-class OtherLoad:
-    """How many cores processes outside this bench kept busy while it measured."""
-
-    def __init__(self) -> None:
-        self.start = (_machine_busy_seconds(), _tree_cpu(os.getpid()), time.monotonic())
-
-    def cores(self) -> float:
-        busy, ours, wall = _machine_busy_seconds(), _tree_cpu(os.getpid()), time.monotonic()
-        return max(0.0, (busy - self.start[0]) - (ours - self.start[1])) / (wall - self.start[2])
 
 
 class DaemonTarget:
@@ -495,6 +480,8 @@ def _goal(value: float | None, goal: float, at_least: bool) -> dict[str, Any]:
 
 
 def bench_model(model: Path, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    import concurrency as conc
+
     prompts = [CHATML.format(p) for p in PROMPTS[: args.prompts]]
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
@@ -519,7 +506,7 @@ def bench_model(model: Path, settings: Settings, args: argparse.Namespace) -> di
         for daemon in daemons:
             daemon.reset_cpu()
         samples: dict[str, list[Sample]] = {t.name: [] for t in targets}
-        other = OtherLoad()
+        other = conc.OtherLoad()
         for round_ in range(args.repeats):
             for index, prompt in enumerate(prompts):
                 for target in targets:
@@ -567,17 +554,14 @@ def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace)
             for log in work.glob("*.log"):
                 print(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
             raise
-        # n-gram drafting at 4 clients on the edit prompt (its best case).
-        r = d4.client.post(
-            "/api/create",
-            json={"model": "bench-ngram", "from": d4.model_name, "draft": "ngram", "stream": False},
-        )
-        if r.status_code != 200:
-            raise RuntimeError(f"/api/create (DRAFT ngram) failed ({r.status_code}): {r.text}")
+        # n-gram drafting at 4 clients on the edit prompt (its best case): n-gram alone, asked
+        # per request of the same model, so that no cell reloads the runner (a second model on
+        # the same weights would replace it inside a timed cell).
+        ngram = {**options, "draft": "ngram"}
         drafting = [
             conc.Server(
                 "daemon np=4 DRAFT ngram",
-                conc.daemon_ask(d4.daemon.url, "bench-ngram", settings.num_predict, options),
+                conc.daemon_ask(d4.daemon.url, d4.model_name, settings.num_predict, ngram),
             )
         ]
         if args.llama_server is not None:
