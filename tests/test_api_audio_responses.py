@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from devtools.daemons import Daemon
-from devtools.realmodels import smollm2_q4_1
+from tests.fixtures.media_daemon import create_smollm2_with, respond
 from tests.fixtures.synthetic_audio_projector import tone, wav_bytes, write_audio_projector
 
 pytestmark = pytest.mark.slow
@@ -33,22 +33,12 @@ def audio(seed: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def client(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     base = tmp_path_factory.mktemp("audio-responses")
-    proj = write_audio_projector(base / "mmproj-audio.gguf")
-    mf = base / "Modelfile"
-    mf.write_text(f"FROM {smollm2_q4_1()}\nFROM {proj}\nPARAMETER num_ctx 1024\n")
-    r = daemon.cli("create", MODEL, "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    create_smollm2_with(daemon, MODEL, write_audio_projector(base / "mmproj-audio.gguf"))
     yield openai.OpenAI(base_url=daemon.url + "/v1", api_key="x")
 
 
 def ask(client: openai.OpenAI, *parts: dict[str, Any]) -> str:
-    content = [{"type": "input_text", "text": QUESTION}, *parts]
-    return client.responses.create(
-        model=MODEL,
-        input=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
-        temperature=0,
-        max_output_tokens=16,
-    ).output_text
+    return respond(client, MODEL, QUESTION, *parts).output_text
 
 
 def test_input_audio_is_the_chat_completions_clip(client: openai.OpenAI) -> None:

@@ -74,131 +74,91 @@ def refused(model: type[rm.Body], data: dict[str, Any]) -> InputError:
     return caught.value
 
 
-@pytest.mark.parametrize(
-    ("model", "data", "message"),
-    [
+Table = dict[type[rm.Body], list[tuple[dict[str, Any], str]]]
+
+
+def refusals(table: Table) -> list[tuple[type[rm.Body], dict[str, Any], str]]:
+    """A table of bad bodies by their model, as parametrize's rows: (model, body, message)."""
+    return [(model, data, message) for model, rows in table.items() for data, message in rows]
+
+
+BAD_FIELDS: Table = {
+    rm.GenerateBody: [
+        ({"model": "m", "prompt": 3}, 'field "prompt" must be of type string, got integer'),
+        ({"model": "m", "stream": "yes"}, 'field "stream" must be of type boolean, got string'),
+        ({"model": "m", "options": []}, 'field "options" must be of type object, got array'),
+        ({"model": "m", "context": "x"}, 'field "context" must be of type array, got string'),
+        ({"model": "m", "context": [1, True]}, 'field "context" must be an array of token ids'),
         (
-            rm.GenerateBody,
-            {"model": "m", "prompt": 3},
-            'field "prompt" must be of type string, got integer',
-        ),
-        (
-            rm.GenerateBody,
-            {"model": "m", "stream": "yes"},
-            'field "stream" must be of type boolean, got string',
-        ),
-        (
-            rm.GenerateBody,
-            {"model": "m", "options": []},
-            'field "options" must be of type object, got array',
-        ),
-        (
-            rm.GenerateBody,
-            {"model": "m", "context": "x"},
-            'field "context" must be of type array, got string',
-        ),
-        (
-            rm.GenerateBody,
-            {"model": "m", "context": [1, True]},
-            'field "context" must be an array of token ids',
-        ),
-        (
-            rm.GenerateBody,
             {"model": "m", "raw": True, "system": "s"},
             "raw mode does not support template, system, or context",
         ),
         (
-            rm.GenerateBody,
             {"model": "m", "format": "xml"},
             "invalid format: 'xml'; expected \"json\" or a valid JSON Schema object",
         ),
         (
-            rm.GenerateBody,
             {"model": "m", "think": "ultra"},
             'invalid think value: "ultra" (must be "high", "medium", "low", "max", true, or false)',
         ),
+        ({"model": "m", "images": "abc"}, 'field "images" must be an array of base64 strings'),
+        ({"model": "m", "images": ["@@@"]}, "images[0]: invalid base64 data"),
+        ({"model": "m", "grammar": 1}, 'field "grammar" must be a GBNF string'),
+        ({"model": "m", "logprobs": 1}, 'field "logprobs" must be a boolean'),
+        ({"model": "m", "top_logprobs": 1.5}, 'field "top_logprobs" must be an integer'),
         (
-            rm.GenerateBody,
-            {"model": "m", "images": "abc"},
-            'field "images" must be an array of base64 strings',
-        ),
-        (rm.GenerateBody, {"model": "m", "images": ["@@@"]}, "images[0]: invalid base64 data"),
-        (rm.GenerateBody, {"model": "m", "grammar": 1}, 'field "grammar" must be a GBNF string'),
-        (rm.GenerateBody, {"model": "m", "logprobs": 1}, 'field "logprobs" must be a boolean'),
-        (
-            rm.GenerateBody,
-            {"model": "m", "top_logprobs": 1.5},
-            'field "top_logprobs" must be an integer',
-        ),
-        (
-            rm.GenerateBody,
             {"model": "m", "keep_alive": "5"},
             "keep_alive: invalid duration '5' (missing unit in duration; e.g. '5m', '30s', '-1')",
         ),
-        (rm.ChatBody, {"model": "m", "messages": {"a": 1}}, 'field "messages" must be an array'),
+    ],
+    rm.ChatBody: [
+        ({"model": "m", "messages": {"a": 1}}, 'field "messages" must be an array'),
         (
-            rm.ChatBody,
             {"model": "m", "messages": [{"content": 1}]},
             "messages[0] must be an object with a string content",
         ),
         (
-            rm.ChatBody,
             {"model": "m", "messages": [{"role": "bot"}]},
             "messages[0]: role must be system, user, assistant or tool",
         ),
         (
-            rm.ChatBody,
             {"model": "m", "messages": [{"role": "user", "images": [1]}]},
             'field "messages[0].images" must be an array of base64 strings',
         ),
+        ({"model": "m", "tools": {}}, 'field "tools" must be of type array, got object'),
+    ],
+    rm.EmbedBody: [
+        ({"model": "m", "input": 3}, "input must be a non-empty string or array of strings"),
         (
-            rm.ChatBody,
-            {"model": "m", "tools": {}},
-            'field "tools" must be of type array, got object',
-        ),
-        (
-            rm.EmbedBody,
-            {"model": "m", "input": 3},
-            "input must be a non-empty string or array of strings",
-        ),
-        (
-            rm.EmbedBody,
             {"model": "m", "dimensions": 1.5},
             'field "dimensions" must be of type integer, got number',
         ),
+    ],
+    rm.CreateBody: [
         (
-            rm.CreateBody,
             {"model": "m", "files": {"a.gguf": 1}},
             "field \"files\": value for 'a.gguf' must be a string digest",
         ),
+        ({"model": "m", "license": [1]}, 'field "license" must be a string or an array of strings'),
         (
-            rm.CreateBody,
-            {"model": "m", "license": [1]},
-            'field "license" must be a string or an array of strings',
-        ),
-        (
-            rm.CreateBody,
             {"model": "m", "messages": "hi"},
             'field "messages" must be an array of {"role","content"} objects',
         ),
         (
-            rm.CreateBody,
             {"model": "m", "parameters": "x"},
             'field "parameters" must be of type object, got string',
         ),
-        (rm.CopyBody, {"source": "a"}, "destination is required"),
-        (
-            rm.PullBody,
-            {"model": "m", "insecure": "no"},
-            'field "insecure" must be of type boolean, got string',
-        ),
-        (rm.VerifyBody, {"model": 1}, 'field "model" must be of type string, got integer'),
     ],
-)
-def test_bad_fields_get_their_messages(
-    model: type[rm.Body], data: dict[str, Any], message: str
-) -> None:
-    assert str(refused(model, data)) == message
+    rm.CopyBody: [
+        ({"source": "a"}, "destination is required"),
+    ],
+    rm.PullBody: [
+        ({"model": "m", "insecure": "no"}, 'field "insecure" must be of type boolean, got string'),
+    ],
+    rm.VerifyBody: [
+        ({"model": 1}, 'field "model" must be of type string, got integer'),
+    ],
+}
 
 
 def test_the_model_is_read_first_and_alike() -> None:
@@ -252,29 +212,21 @@ def test_values_come_out_typed() -> None:
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@pytest.mark.parametrize(
-    ("model", "data", "message"),
-    [
-        (ChatCompletionBody, {"model": "m"}, "messages must be a non-empty array"),
-        (ChatCompletionBody, {**CHAT, "messages": []}, "messages must be a non-empty array"),
-        (ChatCompletionBody, {**CHAT, "messages": [1]}, "messages[0] must be an object"),
+BAD_OPENAI_FIELDS: Table = {
+    ChatCompletionBody: [
+        ({"model": "m"}, "messages must be a non-empty array"),
+        ({**CHAT, "messages": []}, "messages must be a non-empty array"),
+        ({**CHAT, "messages": [1]}, "messages[0] must be an object"),
+        ({**CHAT, "messages": [{"role": "bot"}]}, "messages[0].role 'bot' is not supported"),
         (
-            ChatCompletionBody,
-            {**CHAT, "messages": [{"role": "bot"}]},
-            "messages[0].role 'bot' is not supported",
-        ),
-        (
-            ChatCompletionBody,
             {**CHAT, "messages": [{"role": "user", "content": [{"type": "file"}]}]},
             "messages[0]: content part type 'file' is not supported",
         ),
         (
-            ChatCompletionBody,
             {**CHAT, "messages": [{"role": "user", "content": 3}]},
             "messages[0]: content must be a string or an array of parts",
         ),
         (
-            ChatCompletionBody,
             {
                 **CHAT,
                 "messages": [
@@ -285,123 +237,91 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
             "data: URL (data:image/png;base64,...)",
         ),
         (
-            ChatCompletionBody,
             {**CHAT, "messages": [{"role": "assistant", "tool_calls": {}}]},
             "messages[0].tool_calls must be an array of objects",
         ),
-        (ChatCompletionBody, {**CHAT, "max_tokens": 0}, "max_tokens must be a positive integer"),
+        ({**CHAT, "max_tokens": 0}, "max_tokens must be a positive integer"),
         (
-            ChatCompletionBody,
             {**CHAT, "max_completion_tokens": "8"},
             "max_completion_tokens must be a positive integer",
         ),
+        ({**CHAT, "temperature": "hot"}, 'field "temperature" must be of type number, got string'),
         (
-            ChatCompletionBody,
-            {**CHAT, "temperature": "hot"},
-            'field "temperature" must be of type number, got string',
-        ),
-        (
-            ChatCompletionBody,
             {**CHAT, "presence_penalty": -(10**400)},
             f'field "presence_penalty" is out of range for a number, got {-(10**400)}',
         ),
+        ({**CHAT, "seed": 1.5}, 'field "seed" must be of type integer, got number'),
+        ({**CHAT, "stop": [1]}, "stop must be a string or an array of strings"),
+        ({**CHAT, "response_format": "json"}, "response_format must be an object"),
         (
-            ChatCompletionBody,
-            {**CHAT, "seed": 1.5},
-            'field "seed" must be of type integer, got number',
-        ),
-        (ChatCompletionBody, {**CHAT, "stop": [1]}, "stop must be a string or an array of strings"),
-        (
-            ChatCompletionBody,
-            {**CHAT, "response_format": "json"},
-            "response_format must be an object",
-        ),
-        (
-            ChatCompletionBody,
             {**CHAT, "response_format": {"type": "xml"}},
             "response_format type 'xml' is not supported",
         ),
         (
-            ChatCompletionBody,
             {**CHAT, "response_format": {"type": "json_schema", "json_schema": {}}},
             "response_format.json_schema.schema must be a JSON schema object",
         ),
+        ({**CHAT, "prediction": "hello"}, 'prediction must be {"type": "content", "content": ...}'),
         (
-            ChatCompletionBody,
-            {**CHAT, "prediction": "hello"},
-            'prediction must be {"type": "content", "content": ...}',
-        ),
-        (
-            ChatCompletionBody,
             {**CHAT, "reasoning_effort": "huge"},
             'reasoning_effort must be "none", "minimal", "low", "medium", "high", "xhigh", '
             '"ultra" or "max"',
         ),
+        ({**CHAT, "think": "lots"}, 'think must be true, false, "low", "medium", "high" or "max"'),
+        ({**CHAT, "logprobs": 1}, 'field "logprobs" must be a boolean'),
+        ({**CHAT, "top_logprobs": 2}, "top_logprobs needs logprobs: true"),
         (
-            ChatCompletionBody,
-            {**CHAT, "think": "lots"},
-            'think must be true, false, "low", "medium", "high" or "max"',
-        ),
-        (ChatCompletionBody, {**CHAT, "logprobs": 1}, 'field "logprobs" must be a boolean'),
-        (ChatCompletionBody, {**CHAT, "top_logprobs": 2}, "top_logprobs needs logprobs: true"),
-        (
-            ChatCompletionBody,
             {**CHAT, "logprobs": True, "top_logprobs": 21},
             "top_logprobs must be between 0 and 20, got 21",
         ),
-        (ChatCompletionBody, {**CHAT, "grammar": 1}, 'field "grammar" must be a GBNF string'),
+        ({**CHAT, "grammar": 1}, 'field "grammar" must be a GBNF string'),
+        ({**CHAT, "tools": [1]}, 'field "tools[0]" must be of type object, got integer'),
         (
-            ChatCompletionBody,
-            {**CHAT, "tools": [1]},
-            'field "tools[0]" must be of type object, got integer',
-        ),
-        (
-            ChatCompletionBody,
             {**CHAT, "stream_options": []},
             'field "stream_options" must be of type object, got array',
         ),
         (
-            ChatCompletionBody,
             {**CHAT, "_debug_render_only": "yes"},
             'field "_debug_render_only" must be of type boolean, got string',
         ),
         (
-            ChatCompletionBody,
             {**CHAT, "keep_alive": "5"},
             "keep_alive: invalid duration '5' (missing unit in duration; e.g. '5m', '30s', '-1')",
         ),
-        (CompletionBody, {"model": "m"}, "prompt must be a string"),
-        (CompletionBody, {"model": "m", "prompt": ["a", "b"]}, "prompt must be a string"),
+    ],
+    CompletionBody: [
+        ({"model": "m"}, "prompt must be a string"),
+        ({"model": "m", "prompt": ["a", "b"]}, "prompt must be a string"),
         (
-            CompletionBody,
             {"model": "m", "prompt": "a", "logprobs": True},
             "logprobs must be an integer between 0 and 5 on /v1/completions",
         ),
         (
-            CompletionBody,
             {"model": "m", "prompt": "a", "suffix": 1},
             'field "suffix" must be of type string, got integer',
         ),
+    ],
+    EmbeddingsRequestBody: [
+        ({"model": "m"}, "input must be a non-empty string or array of strings"),
         (
-            EmbeddingsRequestBody,
-            {"model": "m"},
-            "input must be a non-empty string or array of strings",
-        ),
-        (
-            EmbeddingsRequestBody,
             {"model": "m", "input": "a", "dimensions": "8"},
             'field "dimensions" must be of type integer, got string',
         ),
         (
-            EmbeddingsRequestBody,
             {"model": "m", "input": "a", "encoding_format": "hex"},
             'encoding_format must be "float" or "base64"',
         ),
     ],
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "message"), refusals(BAD_FIELDS) + refusals(BAD_OPENAI_FIELDS)
 )
-def test_openai_bodies_get_their_messages(
+def test_bad_fields_get_their_messages(
     model: type[rm.Body], data: dict[str, Any], message: str
 ) -> None:
+    """Ollama's bodies and the OpenAI-compatible ones alike."""
     assert str(refused(model, data)) == message
 
 

@@ -5,18 +5,15 @@ of a stored conversation too; ``file_id`` images and remote URLs are refused wit
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import openai
 import pytest
-from PIL import Image
+from openai.types.responses import Response
 
 from devtools.daemons import Daemon
-from devtools.realmodels import smollm2_q4_1
+from tests.fixtures.media_daemon import create_smollm2_with, png, respond
 from tests.fixtures.synthetic_projector import write_projector
 
 pytestmark = pytest.mark.slow
@@ -25,34 +22,18 @@ QUESTION = "What is in this picture?"
 
 
 def data_url(seed: int) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (48, 40, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    return "data:image/png;base64," + png(seed, width=40, height=48)
 
 
 @pytest.fixture(scope="module")
 def client(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     base = tmp_path_factory.mktemp("vision-responses")
-    proj = write_projector(base / "mmproj-smol.gguf")
-    mf = base / "Modelfile"
-    mf.write_text(f"FROM {smollm2_q4_1()}\nFROM {proj}\nPARAMETER num_ctx 1024\n")
-    r = daemon.cli("create", MODEL, "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    create_smollm2_with(daemon, MODEL, write_projector(base / "mmproj-smol.gguf"))
     yield openai.OpenAI(base_url=daemon.url + "/v1", api_key="x")
 
 
-def ask(
-    client: openai.OpenAI, *parts: dict[str, Any], **kw: Any
-) -> openai.types.responses.Response:
-    content = [{"type": "input_text", "text": QUESTION}, *parts]
-    return client.responses.create(
-        model=MODEL,
-        input=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
-        temperature=0,
-        max_output_tokens=16,
-        **kw,
-    )
+def ask(client: openai.OpenAI, *parts: dict[str, Any], **kw: Any) -> Response:
+    return respond(client, MODEL, QUESTION, *parts, **kw)
 
 
 def image(seed: int) -> dict[str, Any]:

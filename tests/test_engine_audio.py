@@ -6,16 +6,20 @@ token-identical with n-gram drafting, and the count op's positions equal to the 
 from __future__ import annotations
 
 import base64
-import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
-from devtools.realmodels import smollm2_q4_1
-from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions
+from modelhub.engine.generate import Engine
 from modelhub.engine.vision import count_tokens, prompt_with_images
 from modelhub.errors import InputError
+from tests.fixtures.media_engine import (
+    assert_media_steers_greedy_output,
+    chat,
+    greedy_with_media,
+    smollm2_engine,
+)
 from tests.fixtures.synthetic_audio_projector import (
     N_AUDIO_TOKENS,
     SAMPLE_RATE,
@@ -33,37 +37,19 @@ def clip(data: bytes, frames: int = SAMPLE_RATE, rate: int = SAMPLE_RATE) -> dic
     return {"audio": base64.b64encode(data).decode(), "frames": frames, "sample_rate": rate}
 
 
-def chat(user: str) -> str:
-    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-
-
 @pytest.fixture(scope="module")
 def projector(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_audio_projector(tmp_path_factory.mktemp("aproj") / "mmproj-audio.gguf")
 
 
-def make(projector: Path, **kw: object) -> Engine:
-    cfg = EngineConfig(smollm2_q4_1(), n_ctx=512, n_threads=2, projector_path=projector, **kw)
-    return Engine(cfg)  # type: ignore[arg-type]
-
-
 @pytest.fixture(scope="module")
 def engine(projector: Path) -> Iterator[Engine]:
-    with make(projector) as e:
+    with smollm2_engine(projector) as e:
         yield e
 
 
-def run(engine: Engine, text: str, clips: dict[str, object]) -> tuple[str, int]:
-    msg = {"image_marker": MARK, "images": clips}
-    tokens, spans = prompt_with_images(engine, text, [], msg, None)
-    opts = GenerateOptions(num_predict=24, temperature=0)
-    done: list[object] = []
-    ev = threading.Event()
-    engine.submit(tokens, opts, lambda res, err: (done.append(res or err), ev.set()), images=spans)
-    assert ev.wait(120)
-    result = done[0]
-    assert not isinstance(result, BaseException), result
-    return result.text, result.prompt_eval_count  # type: ignore[union-attr]
+def run(engine: Engine, text: str, clips: Mapping[str, object]) -> tuple[str, int]:
+    return greedy_with_media(engine, MARK, text, clips)
 
 
 def test_projector_reads_audio_only(engine: Engine) -> None:
@@ -73,18 +59,12 @@ def test_projector_reads_audio_only(engine: Engine) -> None:
 
 
 def test_clip_changes_greedy_output_deterministically(engine: Engine) -> None:
-    prompt = chat("<|clip-0|>What is said in this recording?")
-    a1, n1 = run(engine, prompt, {"0": clip(wav_bytes(tone(440, noise=1)))})
-    a2, _ = run(engine, prompt, {"0": clip(wav_bytes(tone(440, noise=1)))})  # cache keeps it
-    b, _ = run(engine, prompt, {"0": clip(wav_bytes(tone(1300, noise=2)))})  # not reused
-    plain = engine.generate(
-        engine.tokenize(chat("What is said in this recording?")),
-        GenerateOptions(num_predict=24, temperature=0),
-    ).text
-    assert a1 == a2
-    assert a1 != b
-    assert a1 != plain
-    assert n1 > N_AUDIO_TOKENS
+    question = "What is said in this recording?"
+    one = {"0": clip(wav_bytes(tone(440, noise=1)))}
+    other = {"0": clip(wav_bytes(tone(1300, noise=2)))}
+    assert_media_steers_greedy_output(
+        engine, MARK, "<|clip-0|>", question, one, other, N_AUDIO_TOKENS
+    )
 
 
 def test_mp3_and_wav_of_other_rates_are_decoded_by_libmtmd(engine: Engine) -> None:
@@ -111,7 +91,7 @@ def test_greedy_identity_with_ngram_drafting(projector: Path, engine: Engine) ->
     prompt = chat("<|clip-0|>Repeat after me: one two three one two three one two three")
     sound = {"0": clip(wav_bytes(tone(523, noise=6)))}
     plain, _ = run(engine, prompt, sound)
-    with make(projector, draft_kind="ngram") as drafted:
+    with smollm2_engine(projector, draft_kind="ngram") as drafted:
         text, _ = run(drafted, prompt, sound)
     assert text == plain
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -21,23 +20,14 @@ import pytest
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions
 from modelhub.engine.options import GenerateResult
 from modelhub.engine.speculative.layered import LayeredDrafter
-from modelhub.engine.vision import decode_embeddings, prompt_with_images
+from modelhub.engine.vision import decode_embeddings
 from tests.fixtures import synthetic, synthetic_drafters
+from tests.fixtures.media_engine import DRAFTING_PROMPTS as PROMPTS
+from tests.fixtures.media_engine import IMAGE_MARK, image, media_prompt, submit_and_wait
 from tests.fixtures.synthetic_audio_projector import tone, wav_bytes, write_audio_projector
 from tests.fixtures.synthetic_projector import N_IMAGE_TOKENS, write_projector
 
-MARK = r"<\|img-(\d+)\|>"
-PROMPTS = [
-    "the hello <|img-0|> world tiny draft model fast",
-    "abc token <|img-0|> the world <|img-1|> hello",
-    "the hello <|img-0|>model token abc",  # the first's image, its first token after it differs
-]
 KINDS = ("eagle3", "dflash", "assistant")
-
-
-def image(seed: int) -> dict[str, object]:
-    pixels = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    return {"width": 32, "height": 32, "rgb": base64.b64encode(pixels.tobytes()).decode()}
 
 
 @pytest.fixture(scope="module")
@@ -92,21 +82,9 @@ def drafting(request: pytest.FixtureRequest, files: dict[str, Path]) -> Iterator
 
 
 def run(e: Engine, text: str, images: Mapping[str, object]) -> GenerateResult:
-    tokens, spans = prompt_with_images(
-        e, text, [], {"image_marker": MARK, "images": dict(images)}, None
-    )
+    tokens, spans = media_prompt(e, IMAGE_MARK, text, images)
     assert spans
-    done: list[GenerateResult | BaseException] = []
-
-    def on_done(res: GenerateResult | None, err: BaseException | None) -> None:
-        done.append(err if err is not None else res)  # type: ignore[arg-type]
-
-    e.submit(tokens, GenerateOptions(num_predict=64, temperature=0), on_done, images=spans)
-    while not done:
-        time.sleep(0.01)
-    result = done[0]
-    assert not isinstance(result, BaseException), result
-    return result
+    return submit_and_wait(e, tokens, spans, GenerateOptions(num_predict=64, temperature=0))
 
 
 def reference(plain: dict[str, Engine], e: Engine) -> Engine:
@@ -161,9 +139,7 @@ def test_layer_inputs_of_image_rows_are_the_images(files: dict[str, Path], kind:
     with engine(files, "llama", kind) as e:
         drafter = e.drafter
         assert isinstance(drafter, LayeredDrafter) and 0 in drafter.layer_ids
-        _, spans = prompt_with_images(
-            e, "the <|img-0|> hello", [], {"image_marker": MARK, "images": {"0": image(7)}}, None
-        )
+        _, spans = media_prompt(e, IMAGE_MARK, "the <|img-0|> hello", {"0": image(7)})
         span = dataclasses.replace(spans[0], start=0)  # into the empty cache
         seen: list[np.ndarray] = []
 

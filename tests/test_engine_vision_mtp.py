@@ -6,31 +6,17 @@ when the prompt cache keeps an image and the next prompt differs right after it.
 
 from __future__ import annotations
 
-import base64
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions
 from modelhub.engine.options import GenerateResult
-from modelhub.engine.vision import prompt_with_images
+from tests.fixtures.media_engine import DRAFTING_PROMPTS as PROMPTS
+from tests.fixtures.media_engine import IMAGE_MARK, image, media_prompt, submit_and_wait
 from tests.fixtures.synthetic import write_tiny_mtp
 from tests.fixtures.synthetic_projector import N_IMAGE_TOKENS, write_projector
-
-MARK = r"<\|img-(\d+)\|>"
-PROMPTS = [
-    "the hello <|img-0|> world tiny draft model fast",
-    "abc token <|img-0|> the world <|img-1|> hello",
-    "the hello <|img-0|>model token abc",  # the first's image, its first token after it differs
-]
-
-
-def image(seed: int) -> dict[str, object]:
-    pixels = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    return {"width": 32, "height": 32, "rgb": base64.b64encode(pixels.tobytes()).decode()}
 
 
 @pytest.fixture(scope="module")
@@ -58,21 +44,9 @@ def mtp(files: tuple[Path, Path]) -> Iterator[Engine]:
 
 
 def run(e: Engine, text: str, images: Mapping[str, object]) -> GenerateResult:
-    tokens, spans = prompt_with_images(
-        e, text, [], {"image_marker": MARK, "images": dict(images)}, None
-    )
+    tokens, spans = media_prompt(e, IMAGE_MARK, text, images)
     assert spans and all(s.n_tokens == N_IMAGE_TOKENS for s in spans)
-    done: list[GenerateResult | BaseException] = []
-
-    def on_done(res: GenerateResult | None, err: BaseException | None) -> None:
-        done.append(err if err is not None else res)  # type: ignore[arg-type]
-
-    e.submit(tokens, GenerateOptions(num_predict=64, temperature=0), on_done, images=spans)
-    while not done:
-        time.sleep(0.01)
-    result = done[0]
-    assert not isinstance(result, BaseException), result
-    return result
+    return submit_and_wait(e, tokens, spans, GenerateOptions(num_predict=64, temperature=0))
 
 
 def test_mtp_greedy_identity_with_images(plain: Engine, mtp: Engine) -> None:

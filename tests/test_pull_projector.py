@@ -5,65 +5,30 @@ warning (issue 23)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from fixtures.synthetic import write_tiny_llama
-from fixtures.synthetic_projector import write_projector
 
-from devtools.pullservers import (
-    MEDIA_MODEL,
-    Fault,
-    FileServer,
-    HFServer,
-    Recorder,
-    RegistryServer,
-    fast_policy,
-    sha256,
-)
-from modelhub.errors import DigestMismatchError
-from modelhub.library.pulled import installer
+from devtools.pullservers import MEDIA_MODEL, Fault, Recorder, RegistryServer, sha256
 from modelhub.library.views import ModelViews
-from modelhub.pull import pull_model
 from modelhub.pull.sources.hf import RepoFile, choose_projector
 from modelhub.server.images import projector_facts
 from modelhub.store import MEDIA_DRAFT, MEDIA_PROJECTOR, Store, parse_name
+from tests.fixtures import pull_loopback
+from tests.fixtures.pull_loopback import assert_the_pull_fails_on_corruption, pull, tiny_ggufs
+from tests.fixtures.synthetic_projector import write_projector
 
 pytestmark = pytest.mark.timeout(120)
+store, hub = pull_loopback.store, pull_loopback.hub  # fixtures
 
 
 @pytest.fixture(scope="module")
 def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     """The tiny llama (64 wide), a projector for it, one for a 576-wide model, a draft."""
     base = tmp_path_factory.mktemp("ggufs")
-    q8 = write_tiny_llama(base / "q8.gguf", quant="Q8_0")
-    draft = write_tiny_llama(base / "draft.gguf", seed=1, noise_from=q8, quant="Q8_0")
     return {
-        "Q8_0": q8.read_bytes(),
-        "draft": draft.read_bytes(),
+        **tiny_ggufs(base),
         "mmproj": write_projector(base / "p64.gguf", n_embd_text=64).read_bytes(),
         "mmproj-576": write_projector(base / "p576.gguf").read_bytes(),
     }
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "models")
-
-
-@pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch):
-    with FileServer() as cdn, HFServer(cdn) as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        yield server
-
-
-def pull(store: Store, ref: str, recorder: Recorder | None = None, **kw: object) -> str:
-    kw.setdefault("policy", fast_policy())
-    kw.setdefault("install", installer(store))
-    name = pull_model(store, ref, progress=recorder or Recorder(), **kw)  # type: ignore[arg-type]
-    return name.display
 
 
 def assert_vision(store: Store, name: str, projector: bytes) -> None:
@@ -105,9 +70,9 @@ def test_registry_corrupt_projector_blob_fails_the_pull(store: Store, ggufs) -> 
             [(MEDIA_MODEL, ggufs["Q8_0"]), (MEDIA_PROJECTOR, ggufs["mmproj"])],
         )
         registry.faults[sha256(ggufs["mmproj"])] = Fault(corrupt_at=100)
-        with pytest.raises(DigestMismatchError):
-            pull(store, f"{registry.host}/library/bad-eyes", insecure=True)
-        assert store.list_models() == [] and store.verify() == []
+        assert_the_pull_fails_on_corruption(
+            store, f"{registry.host}/library/bad-eyes", insecure=True
+        )
 
 
 # ----- Hugging Face ----------------------------------------------------------------------------
@@ -138,9 +103,7 @@ def test_hf_corrupt_projector_download_fails_the_pull(store: Store, hub, ggufs) 
         {"seer-Q8_0.gguf": ggufs["Q8_0"], "mmproj-seer-F16.gguf": ggufs["mmproj"]},
         faults={"mmproj-seer-F16.gguf": Fault(corrupt_at=100)},
     )
-    with pytest.raises(DigestMismatchError):
-        pull(store, "hf.co/org/blurry")
-    assert store.list_models() == [] and store.verify() == []
+    assert_the_pull_fails_on_corruption(store, "hf.co/org/blurry")
 
 
 @pytest.mark.parametrize("case", ["another width", "not a projector"])

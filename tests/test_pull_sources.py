@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
-from fixtures.synthetic import write_mismatched_draft, write_tiny_llama
 
 from devtools.pullservers import (
     MEDIA_MODEL,
@@ -18,47 +16,27 @@ from devtools.pullservers import (
     Recorder,
     RegistryServer,
     build_wheel,
-    fast_policy,
     sha256,
 )
 from modelhub.errors import DigestMismatchError, InputError, NotFoundError, SourceUnavailableError
-from modelhub.library.pulled import installer
-from modelhub.pull import default_catalog, pull_model
+from modelhub.pull import default_catalog
 from modelhub.pull.catalog import parse_catalog
 from modelhub.pull.sources.hf import RepoFile, choose_files
 from modelhub.store import MEDIA_DRAFT, MEDIA_PARAMS, Store, parse_name
+from tests.fixtures import pull_loopback
+from tests.fixtures.pull_loopback import assert_the_pull_fails_on_corruption, pull, tiny_ggufs
+from tests.fixtures.synthetic import write_mismatched_draft, write_tiny_llama
 
 pytestmark = pytest.mark.timeout(120)
+store, hub = pull_loopback.store, pull_loopback.hub  # fixtures
 
 
 @pytest.fixture(scope="module")
 def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     """Real (tiny) GGUF files: two quants of one model and a draft for it."""
     base = tmp_path_factory.mktemp("ggufs")
-    q8 = write_tiny_llama(base / "q8.gguf", quant="Q8_0")
     f16 = write_tiny_llama(base / "f16.gguf", quant="F16")
-    draft = write_tiny_llama(base / "draft.gguf", seed=1, noise_from=q8, quant="Q8_0")
-    return {"Q8_0": q8.read_bytes(), "F16": f16.read_bytes(), "draft": draft.read_bytes()}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "models")
-
-
-@pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch):
-    with FileServer() as cdn, HFServer(cdn) as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        yield server
-
-
-def pull(store: Store, ref: str, recorder: Recorder | None = None, **kw: object) -> str:
-    kw.setdefault("policy", fast_policy())
-    kw.setdefault("install", installer(store))
-    name = pull_model(store, ref, progress=recorder or Recorder(), **kw)  # type: ignore[arg-type]
-    return name.display
+    return {**tiny_ggufs(base), "F16": f16.read_bytes()}
 
 
 def config_of(store: Store, name: str) -> dict[str, object]:
@@ -289,9 +267,7 @@ def test_hf_a_corrupt_sidecar_download_fails_the_pull(store, hub, ggufs, drafter
         {"tiny-Q8_0.gguf": ggufs["Q8_0"], "mtp-tiny-Q8_0.gguf": drafters["Q8_0"]},
         faults={"mtp-tiny-Q8_0.gguf": Fault(corrupt_at=10)},
     )
-    with pytest.raises(DigestMismatchError):
-        pull(store, "hf.co/org/bad-side")
-    assert store.list_models() == [] and store.verify() == []
+    assert_the_pull_fails_on_corruption(store, "hf.co/org/bad-side")
 
 
 def test_hf_split_ggufs_are_refused_with_the_alternatives(store, hub, ggufs):
@@ -314,9 +290,7 @@ def test_hf_missing_repo_and_corrupt_cdn(store, hub, ggufs):
     hub.add_repo(
         "org/bad", {"bad-Q8_0.gguf": ggufs["Q8_0"]}, faults={"bad-Q8_0.gguf": Fault(corrupt_at=100)}
     )
-    with pytest.raises(DigestMismatchError):
-        pull(store, "hf.co/org/bad")
-    assert store.list_models() == [] and store.verify() == []
+    assert_the_pull_fails_on_corruption(store, "hf.co/org/bad")
 
 
 # ----- URLs and files ---------------------------------------------------------------------
