@@ -25,7 +25,6 @@ from modelhub.server.embedding import input_texts
 from modelhub.server.images import MEDIA_PART_TYPES, openai_images
 from modelhub.server.logprobs import requested as logprobs_requested
 from modelhub.server.request_models import (
-    MESSAGES_SCHEMA,
     STR_OR_STRS_SCHEMA,
     Body,
     Grammar,
@@ -38,8 +37,31 @@ from modelhub.server.request_models import (
 from modelhub.server.requests import THINK_LEVELS
 
 Think = bool | str | None
-_OBJ = {"type": "object"}
+_OBJ: dict[str, Any] = {"type": "object"}
 _INT = {"type": "integer"}
+_STR = {"type": "string"}
+_PART = {
+    **_OBJ,
+    "properties": {"type": {"type": "string", "enum": ["text", "image_url", "input_audio"]}},
+    "required": ["type"],
+}
+_ROLES = ["system", "developer", "user", "assistant", "tool"]
+MESSAGES_SCHEMA = {  # OpenAI's messages, as openai_messages reads them
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        **_OBJ,
+        "properties": {
+            "role": {"type": "string", "enum": _ROLES},
+            "content": {"oneOf": [_STR, {"type": "array", "items": _PART}, {"type": "null"}]},
+            "tool_calls": {"type": "array", "items": _OBJ},
+            "tool_call_id": _STR,
+            "name": _STR,
+            "reasoning_content": _STR,
+        },
+        "required": ["role"],
+    },
+}
 
 
 # ----- messages and content ------------------------------------------------------------------

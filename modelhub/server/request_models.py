@@ -50,7 +50,14 @@ _STRS = {"type": "array", "items": _STR}
 _OBJ = {"type": "object"}
 _MESSAGE = {
     "type": "object",
-    "properties": {"role": _STR, "content": _STR, "images": _STRS},
+    "properties": {
+        "role": _STR,
+        "content": _STR,
+        "images": _STRS,
+        "thinking": _STR,
+        "tool_calls": {"type": "array", "items": _OBJ},
+        "tool_name": _STR,
+    },
     "required": ["role", "content"],
 }
 MESSAGES_SCHEMA = {"type": "array", "items": _MESSAGE}
