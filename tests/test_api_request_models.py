@@ -1,6 +1,7 @@
 """Every route parses its body once, into the models of ``server/request_models.py`` (Ollama's
-routes) and ``server/openai_models.py`` (/v1/chat/completions, /v1/completions,
-/v1/embeddings), and the OpenAPI document's request bodies are those models' schemas: one
+routes), ``server/openai_models.py`` (/v1/chat/completions, /v1/completions, /v1/embeddings),
+``server/anthropic_request.py`` (/v1/messages) and ``server/responses_request.py``
+(/v1/responses), and the OpenAPI document's request bodies are those models' schemas: one
 definition of each shape. Bad input keeps this API's messages (Ollama's where it has them) and
 status; unknown fields are ignored and ``null`` counts as absent, as in Ollama and
 OpenAI-compatible servers. In-process over fake runners."""
@@ -16,6 +17,7 @@ import pytest
 from modelhub.config import Settings
 from modelhub.errors import InputError, InvalidNameError
 from modelhub.server import request_models as rm
+from modelhub.server.anthropic_request import CountTokensBody, MessagesBody
 from modelhub.server.app import create_app
 from modelhub.server.openai_models import (
     ChatCompletionBody,
@@ -24,6 +26,7 @@ from modelhub.server.openai_models import (
     EmbeddingsRequestBody,
     chat_fields,
 )
+from modelhub.server.responses_request import ResponsesBody
 from tests.fakes.daemon import FakeDaemon, fake_daemon
 
 ROUTES: dict[str, type[rm.Body]] = {
@@ -40,6 +43,9 @@ ROUTES: dict[str, type[rm.Body]] = {
     "/v1/chat/completions": ChatCompletionBody,
     "/v1/completions": CompletionBody,
     "/v1/embeddings": EmbeddingsRequestBody,
+    "/v1/messages": MessagesBody,
+    "/v1/messages/count_tokens": CountTokensBody,
+    "/v1/responses": ResponsesBody,
 }
 
 
@@ -315,8 +321,82 @@ BAD_OPENAI_FIELDS: Table = {
 }
 
 
+USER = [{"role": "user", "content": "hi"}]
+MSG = {"model": "m", "messages": USER, "max_tokens": 8}
+RESP = {"model": "m", "input": "hi"}
+
+BAD_TRANSLATED_FIELDS: Table = {
+    MessagesBody: [
+        ({"model": "m", "messages": USER}, "max_tokens: Field required"),
+        ({**MSG, "max_tokens": 0}, "max_tokens: must be a positive integer"),
+        ({"model": "m", "max_tokens": 8}, "messages: must be a non-empty array"),
+        (
+            {**MSG, "messages": [{"role": "system", "content": "x"}]},
+            ('messages.0.role: must be "user" or "assistant"'),
+        ),
+        ({**MSG, "system": 3}, "system: must be a string or an array of text blocks"),
+        ({**MSG, "stop_sequences": "END"}, "stop_sequences: must be an array of strings"),
+        ({**MSG, "top_k": -1}, "top_k: must be a non-negative integer"),
+        ({**MSG, "temperature": "hot"}, 'field "temperature" must be of type number, got string'),
+        ({**MSG, "tools": {}}, "tools: must be an array of tools"),
+        ({**MSG, "tools": [{"name": "f"}]}, "tools.0.input_schema: must be a JSON schema object"),
+        (
+            {**MSG, "tool_choice": {"type": "tool"}},
+            (
+                'tool_choice: must be {"type": "auto"}, {"type": "any"}, {"type": "none"} or '
+                '{"type": "tool", "name": ...}'
+            ),
+        ),
+        ({**MSG, "thinking": True}, "thinking: must be an object"),
+        (
+            {**MSG, "thinking": {"type": "enabled", "budget_tokens": 8}},
+            ("thinking.budget_tokens: must be less than max_tokens"),
+        ),
+        (
+            {**MSG, "output_config": {"format": {"type": "xml"}}},
+            ('output_config.format: must be {"type": "json_schema", "schema": ...}'),
+        ),
+        ({**MSG, "metadata": []}, "metadata: must be an object"),
+    ],
+    CountTokensBody: [({"model": "m", "messages": []}, "messages: must be a non-empty array")],
+    ResponsesBody: [
+        ({"model": "m"}, "input is required: a string or an array of input items"),
+        ({**RESP, "input": 3}, "input must be an array"),
+        ({**RESP, "input": [1]}, "input[0] must be an object"),
+        ({**RESP, "instructions": 3}, "instructions must be a string"),
+        ({**RESP, "store": "yes"}, "store must be true or false"),
+        (
+            {**RESP, "truncation": "middle"},
+            ('truncation must be "disabled" (the default) or "auto"'),
+        ),
+        (
+            {**RESP, "previous_response_id": ""},
+            ("previous_response_id must be a response id (resp_...)"),
+        ),
+        ({**RESP, "max_output_tokens": 0}, "max_output_tokens must be a positive integer"),
+        (
+            {**RESP, "tools": [{"type": "web_search"}]},
+            ("tools[0]: only function tools are supported, not 'web_search'"),
+        ),
+        (
+            {**RESP, "text": {"format": {"type": "yaml"}}},
+            ('text.format must be {"type": "text"}, "json_object" or "json_schema"'),
+        ),
+        (
+            {**RESP, "background": True},
+            (
+                "background is not supported: use previous_response_id, or send the whole "
+                "conversation in input"
+            ),
+        ),
+        ({**RESP, "reasoning": "high"}, 'field "reasoning" must be of type object, got string'),
+    ],
+}
+
+
 @pytest.mark.parametrize(
-    ("model", "data", "message"), refusals(BAD_FIELDS) + refusals(BAD_OPENAI_FIELDS)
+    ("model", "data", "message"),
+    refusals(BAD_FIELDS) + refusals(BAD_OPENAI_FIELDS) + refusals(BAD_TRANSLATED_FIELDS),
 )
 def test_bad_fields_get_their_messages(
     model: type[rm.Body], data: dict[str, Any], message: str
@@ -381,6 +461,59 @@ def test_translated_requests_parse_as_chat_fields() -> None:
         chat_fields({"messages": []})
     with pytest.raises(InputError, match='field "top_p" must be of type number, got string'):
         chat_fields({"top_p": "high"})
+
+
+def test_translated_bodies_come_out_in_the_chat_paths_terms() -> None:
+    """/v1/messages: Anthropic's blocks, tools and tool_choice in the chat's shapes as parsed;
+    /v1/responses: input as items with ids, the echoed fields as sent, the chat request made
+    from them."""
+    blocks = [
+        {"type": "text", "text": "Weather?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
+    ]
+    body = parse(
+        MessagesBody,
+        **MSG,
+        system=[{"type": "text", "text": "Be brief."}],
+        stop_sequences=["END"],
+        tools=[{"name": "weather", "input_schema": {"type": "object"}}],
+        tool_choice={"type": "any"},
+        thinking={"type": "enabled", "budget_tokens": 4},
+        keep_alive="1m",
+    )
+    assert body.chat_messages()[0] == {"role": "system", "content": "Be brief."}
+    chat = body.chat()
+    assert (chat.max_tokens, chat.stop, chat.tool_choice, chat.think) == (
+        8,
+        ["END"],
+        "required",
+        True,
+    )
+    assert chat.tools[0]["function"]["parameters"] == {"type": "object"}
+    assert chat.keep_alive == 60.0
+    picture = parse(MessagesBody, **{**MSG, "messages": [{"role": "user", "content": blocks}]})
+    assert picture.messages == [{"role": "user", "content": "Weather?", "images": ["AA=="]}]
+    assert parse(CountTokensBody, model="m", messages=USER).chat().max_tokens is None
+
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    asked = parse(
+        ResponsesBody,
+        **RESP,
+        tools=[tool],
+        reasoning={"effort": "low"},
+        text={"format": {"type": "json_object"}},
+        max_output_tokens=5,
+        truncation="auto",
+    )
+    (item,) = asked.input
+    assert item["type"] == "message" and item["id"].startswith("msg_")
+    assert asked.tools == [tool]  # as sent: the response repeats them
+    request = asked.chat()
+    assert request.tools == [
+        {"type": "function", "function": {k: tool[k] for k in ("name", "parameters")}}
+    ]
+    assert (request.max_tokens, request.thinking, request.response_format) == (5, "low", "json")
+    assert request.truncate and not parse(ResponsesBody, **RESP).chat().truncate
 
 
 @pytest.fixture(scope="module")
