@@ -382,9 +382,6 @@ class Scheduler:
                 loaded.keep_alive = 0
         return found
 
-    def loaded_for(self, model_blob: str) -> list[Loaded]:
-        return [r for r in self.runners.values() if r.spec.model_blob == model_blob]
-
     def snapshot(self) -> list[Loaded]:
         return sorted(self.runners.values(), key=lambda r: -r.expires_at)
 

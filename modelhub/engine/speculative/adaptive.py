@@ -98,7 +98,6 @@ class AdaptiveDraftLength:
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
         self._catch_up = Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
         self._rated = False  # the drafter rates its tokens: cut() decides, next_k() asks max_k
-        self.current_k = self.max_k
         self.last_cut_rate: float | None = None  # expected tokens/s of the last cut() prefix
         # Tokens the other requests in the batch emit per step, and the rows of that step
         # besides this request's own (set before each decision and each record).
@@ -209,7 +208,6 @@ class AdaptiveDraftLength:
             if probe and self._undrafted >= self._rated_backoff:
                 best_k = probe
                 self._rated_backoff = min(self._max_probe, 2 * self._rated_backoff)
-        self.current_k = best_k
         return best_k
 
     def _best_prefix(
@@ -277,9 +275,7 @@ class AdaptiveDraftLength:
                 k += 1  # now and then measure one draft more than the model knows about
             elif k > 0 and (self._rounds + _EXPLORE_EVERY // 2) % _PLAIN_EVERY == 0:
                 k = 0  # and plain decoding, the yardstick (see _PLAIN_EVERY)
-        k = min(k, self.max_k)
-        self.current_k = k
-        return k
+        return min(k, self.max_k)
 
     def record(
         self,
