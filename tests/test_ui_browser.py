@@ -460,6 +460,35 @@ def test_thinking_is_shown_collapsed_under_the_reply(
     shot(page, tmp_path, "thinking-open")
 
 
+def test_a_thinking_setting_is_offered_for_a_model_that_reasons_and_goes_with_its_request(
+    replies: Daemon, page: Any
+) -> None:
+    """The options show a thinking setting for a model whose template reasons (``ui-thinker``)
+    and not for one whose template does not (``ui-smol``: /api/chat would refuse ``think``);
+    what it says goes with the request as ``think``, and "model's default" sends none."""
+    page.select_option("#model", MODEL)
+    page.click("#settings summary")
+    expect(page.locator("#think-label")).to_be_hidden()
+    page.select_option("#model", THINKER)
+    expect(page.locator("#think-label")).to_be_visible()
+    page.select_option("#opt-think", "false")
+    page.fill("#opt-num_predict", "8")
+    page.click("#settings summary")
+    sent: list[Any] = []
+    page.on("request", lambda r: sent.append(r) if r.url.endswith("/api/chat") else None)
+    for setting in ("false", ""):
+        page.click("#settings summary")
+        page.select_option("#opt-think", setting)
+        page.click("#settings summary")
+        page.fill("#prompt", "What is 3+5?")
+        page.click("#send")
+        page.wait_for_selector("#send:not([disabled])", timeout=120_000)
+    asked = [json.loads(r.post_data) for r in sent]
+    assert asked[0]["think"] is False and "think" not in asked[1], asked
+    answers = [m for m in stored_messages(page) if m["role"] == "assistant"]
+    assert len(answers) == 2 and not any(m.get("error") for m in answers), answers
+
+
 def test_a_tool_call_is_shown_as_such(replies: Daemon, page: Any, tmp_path: Path) -> None:
     """``ui-tooly`` with the weather tool in the options and the few-shot history of calls
     (restored from localStorage, sent back as ``tool_calls``): the model calls the tool; the

@@ -173,10 +173,21 @@ function imageSrc(b64) {
   return `data:${known ? known[1] : "application/octet-stream"};base64,${b64}`;
 }
 
+// What the chosen model can take: images (the drop hint) and a thinking setting (shown only
+// for a model whose template reasons: /api/chat refuses `think` for the others).
 async function dropHint() {
   const model = $("model").value;
-  const vision = (await capabilities(model)).includes("vision");
-  if ($("model").value === model) $("drop-hint").textContent = vision ? "drop images here to attach them" : "";
+  const caps = await capabilities(model);
+  if ($("model").value !== model) return;
+  $("drop-hint").textContent = caps.includes("vision") ? "drop images here to attach them" : "";
+  $("think-label").hidden = !caps.includes("thinking");
+}
+
+// `think` as /api/chat takes it: true, false or a level; undefined leaves the model's default.
+function readThink() {
+  const value = $("opt-think").value;
+  if ($("think-label").hidden || value === "") return undefined;
+  return value === "true" ? true : value === "false" ? false : value;
 }
 
 async function onDrop(e) {
@@ -255,6 +266,8 @@ function requestBody(chat) {
     messages.push(out);
   }
   const body = { model: $("model").value, messages, options: readOptions(), stream: true };
+  const think = readThink();
+  if (think !== undefined) body.think = think;
   const tools = $("tools").value.trim();
   if (tools) body.tools = JSON.parse(tools);
   return body;
