@@ -32,10 +32,6 @@ _STR = {"type": "string"}
 _BLOCKS = {"type": "array", "items": _OBJ}
 
 
-def _schema(schema: dict[str, Any]) -> WithJsonSchema:
-    return WithJsonSchema(schema)
-
-
 def _max_tokens(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InputError("max_tokens: must be a positive integer")
@@ -72,34 +68,36 @@ class MessagesBody(OpenAIBody):
     counting: ClassVar[bool] = False  # count_tokens needs no max_tokens
 
     max_tokens: Annotated[
-        int | None, BeforeValidator(_max_tokens), _schema({"type": "integer", "minimum": 1})
+        int | None, BeforeValidator(_max_tokens), WithJsonSchema({"type": "integer", "minimum": 1})
     ] = None
     messages: Annotated[
         list[dict[str, Any]],
         BeforeValidator(lambda v: _messages(v)),
-        _schema({"type": "array", "items": {**_OBJ, "required": ["role", "content"]}}),
+        WithJsonSchema({"type": "array", "items": {**_OBJ, "required": ["role", "content"]}}),
     ]
     system: Annotated[
         list[dict[str, Any]],
         BeforeValidator(lambda v: _system(v)),
-        _schema({"oneOf": [_STR, _BLOCKS]}),
+        WithJsonSchema({"oneOf": [_STR, _BLOCKS]}),
     ] = Field(default_factory=list)
     stop_sequences: Annotated[list[str], BeforeValidator(_stops)] = Field(default_factory=list)
     temperature: float | None = None
     top_p: float | None = None
     top_k: Annotated[int | None, BeforeValidator(_top_k)] = None
     tools: Annotated[
-        list[dict[str, Any]], BeforeValidator(lambda v: _tools(v)), _schema(_BLOCKS)
+        list[dict[str, Any]], BeforeValidator(lambda v: _tools(v)), WithJsonSchema(_BLOCKS)
     ] = Field(default_factory=list)
-    tool_choice: Annotated[Any, BeforeValidator(lambda v: _tool_choice(v)), _schema(_OBJ)] = None
+    tool_choice: Annotated[
+        Any, BeforeValidator(lambda v: _tool_choice(v)), WithJsonSchema(_OBJ)
+    ] = None
     thinking: Annotated[dict[str, Any] | None, _object("thinking")] = None
     output_config: Annotated[dict[str, Any] | None, _object("output_config")] = None
     # accepted (``user_id``), not used
     metadata: Annotated[dict[str, Any], _object("metadata")] = Field(default_factory=dict)
     stream: bool = False
     keep_alive: KeepAlive = None
-    draft: Annotated[Any, _schema(_STR)] = None
-    draft_num_predict: Annotated[Any, _schema({"type": "integer"})] = None
+    draft: Annotated[Any, WithJsonSchema(_STR)] = None
+    draft_num_predict: Annotated[Any, WithJsonSchema({"type": "integer"})] = None
 
     @classmethod
     def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from modelhub.engine import protocol as proto
-from modelhub.engine.protocol import raise_if_error
 from modelhub.errors import ModelhubError, RequestCancelledError
 from modelhub.replies.reply import ReplyPart
 from modelhub.runtime.planning import Plan
@@ -58,7 +57,7 @@ async def run_on_runner(
             count = runner_counter(loaded, fit.count_fields())
             msg = msg.model_copy(update={"prompt": await fit(count, context_size(loaded))})
         async for event in loaded.process.request(msg):
-            raise_if_error(event)  # the class the runner raised
+            proto.raise_if_error(event)  # the class the runner raised
             kind_of = event.get("event")
             if kind_of == "token":
                 loaded.drafting.add_token(bool(event.get("drafted")))
@@ -86,7 +85,7 @@ def runner_counter(loaded: Loaded, extra: dict[str, Any] | None = None) -> Count
         msg = proto.Count(texts=texts, add_special=add_special, **(extra or {}))
         counts: list[int] | None = None
         async for event in loaded.process.request(msg):  # ends after its final event
-            raise_if_error(event)
+            proto.raise_if_error(event)
             if event.get("event") == "counts":
                 counts = [int(n) for n in event["counts"]]
         if counts is None or len(counts) != len(texts):

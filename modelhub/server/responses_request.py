@@ -35,10 +35,6 @@ def new_id(prefix: str) -> str:
 
 
 # ---- the body -----------------------------------------------------------------------------
-def _schema(schema: dict[str, Any]) -> WithJsonSchema:
-    return WithJsonSchema(schema)
-
-
 def _refused(name: str) -> BeforeValidator:
     def check(value: Any) -> Any:
         if value:
@@ -70,6 +66,7 @@ def _text_format(text: Any) -> Any:
 
 _FORMATS = ("text", "json_object", "json_schema")
 _OBJ: dict[str, Any] = {"type": "object"}
+_STR = {"type": "string"}
 _INPUT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _OBJ}]}
 
 
@@ -80,7 +77,7 @@ class ResponsesBody(OpenAIBody):
     ``top_k``). :meth:`chat` is the chat request it stands for."""
 
     input: Annotated[
-        list[dict[str, Any]], BeforeValidator(lambda v: _input_items(v)), _schema(_INPUT)
+        list[dict[str, Any]], BeforeValidator(lambda v: _input_items(v)), WithJsonSchema(_INPUT)
     ]
     instructions: Annotated[
         str | None, _checked(lambda v: isinstance(v, str), "instructions must be a string")
@@ -104,7 +101,7 @@ class ResponsesBody(OpenAIBody):
     tools: Annotated[list[dict[str, Any]], BeforeValidator(lambda v: _tools(v))] = Field(
         default_factory=list
     )  # as sent (the response echoes them); :func:`_tool` makes them the chat's
-    tool_choice: Annotated[Any, _schema({"oneOf": [{"type": "string"}, _OBJ]})] = None
+    tool_choice: Annotated[Any, WithJsonSchema({"oneOf": [{"type": "string"}, _OBJ]})] = None
     reasoning: dict[str, Any] | None = None
     text: Annotated[dict[str, Any] | None, BeforeValidator(_text_format)] = None
     max_output_tokens: Annotated[
@@ -113,22 +110,24 @@ class ResponsesBody(OpenAIBody):
             lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
             "max_output_tokens must be a positive integer",
         ),
-        _schema({"type": "integer", "minimum": 1}),
+        WithJsonSchema({"type": "integer", "minimum": 1}),
     ] = None
-    temperature: Annotated[Any, _schema({"type": "number"})] = None
-    top_p: Annotated[Any, _schema({"type": "number"})] = None
+    temperature: Annotated[Any, WithJsonSchema({"type": "number"})] = None
+    top_p: Annotated[Any, WithJsonSchema({"type": "number"})] = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
-    background: Annotated[Any, _refused("background"), _schema({"type": "boolean"})] = None
-    conversation: Annotated[Any, _refused("conversation"), _schema(_OBJ)] = None
+    background: Annotated[Any, _refused("background"), WithJsonSchema({"type": "boolean"})] = None
+    conversation: Annotated[Any, _refused("conversation"), WithJsonSchema(_OBJ)] = None
     # passed to the chat request as they are (checked there, as on /v1/chat/completions)
-    seed: Annotated[Any, _schema({"type": "integer"})] = None
-    stop: Annotated[Any, _schema({"oneOf": [{"type": "string"}, {"type": "array"}]})] = None
-    keep_alive: Annotated[Any, _schema({"oneOf": [{"type": "string"}, {"type": "number"}]})] = None
-    options: Annotated[Any, _schema(_OBJ)] = None
-    draft: Annotated[Any, _schema({"type": "string"})] = None
-    draft_num_predict: Annotated[Any, _schema({"type": "integer"})] = None
-    top_k: Annotated[Any, _schema({"type": "integer"})] = None
+    seed: Annotated[Any, WithJsonSchema({"type": "integer"})] = None
+    stop: Annotated[Any, WithJsonSchema({"oneOf": [{"type": "string"}, {"type": "array"}]})] = None
+    keep_alive: Annotated[
+        Any, WithJsonSchema({"oneOf": [{"type": "string"}, {"type": "number"}]})
+    ] = None
+    options: Annotated[Any, WithJsonSchema(_OBJ)] = None
+    draft: Annotated[Any, WithJsonSchema({"type": "string"})] = None
+    draft_num_predict: Annotated[Any, WithJsonSchema({"type": "integer"})] = None
+    top_k: Annotated[Any, WithJsonSchema({"type": "integer"})] = None
 
     @classmethod
     def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:

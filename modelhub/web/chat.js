@@ -78,7 +78,7 @@ export function initChat(models) {
   $("model").addEventListener("change", () => {
     state.current.model = $("model").value;
     save();
-    dropHint();
+    modelHints();
   });
   $("system").addEventListener("change", () => { state.current.system = $("system").value; save(); });
   $("compare").addEventListener("click", () => runCompare());
@@ -92,7 +92,7 @@ export function setModels(models) {
   const keep = state.current ? state.current.model : select.value;
   select.replaceChildren(...models.map((m) => el("option", { value: m.name }, m.name)));
   if (models.some((m) => m.name === keep)) select.value = keep;
-  dropHint();
+  modelHints();
 }
 
 function draw() {
@@ -107,7 +107,7 @@ function draw() {
     } }, "×"))));
   const chat = state.current;
   if (chat.model && [...$("model").options].some((o) => o.value === chat.model)) $("model").value = chat.model;
-  dropHint();
+  modelHints();
   $("system").value = chat.system || "";
   const box = $("messages");
   box.replaceChildren(...chat.messages.map((m, i) => messageNode(m, i)));
@@ -175,7 +175,7 @@ function imageSrc(b64) {
 
 // What the chosen model can take: images (the drop hint) and a thinking setting (shown only
 // for a model whose template reasons: /api/chat refuses `think` for the others).
-async function dropHint() {
+async function modelHints() {
   const model = $("model").value;
   const caps = await capabilities(model);
   if ($("model").value !== model) return;
