@@ -239,3 +239,28 @@ def test_in_a_batch_drafts_pay_only_if_the_whole_step_gains(others: int) -> None
         assert drafting > 200 and total > 1.03 * plain
     else:
         assert drafting < 30 and total >= 0.96 * plain
+
+
+def test_a_draft_model_as_big_as_the_target_is_never_tried_under_its_size_prior() -> None:
+    """DRAFT auto's store candidate at 0.7 of the target's size: with the size prior the
+    controller decodes plainly from the first round and never probes (each probe of a draft
+    model would first catch up on the whole prompt); without it, it learns the same only by
+    drafting."""
+    priced, unpriced = AdaptiveDraftLength(8), AdaptiveDraftLength(8)
+    priced.cost_prior = CPU_LIKE.draft / CPU_LIKE.verify(1)
+    res = simulate(priced, CPU_LIKE, lambda r: 0.9, tokens=600)
+    assert sum(k > 0 for k in res.ks) == 0
+    assert priced.hopeless
+    res = simulate(unpriced, CPU_LIKE, lambda r: 0.9, tokens=600)
+    assert sum(k > 0 for k in res.ks) > 0
+
+
+def test_a_small_draft_models_size_prior_lets_it_draft() -> None:
+    """At 1/8 of the target's size the prior says drafting may pay: it is tried, measured and
+    kept where it pays, as without a prior."""
+    ctl = AdaptiveDraftLength(8)
+    ctl.cost_prior = PADDED.draft / PADDED.verify(1)
+    res = simulate(ctl, PADDED, lambda r: 0.9, tokens=1000)
+    assert res.ks[0] == 0  # plain decoding is measured first, to weigh the prior against
+    assert np.median(res.ks[30:]) >= 3
+    assert res.rate > 1.4 * baseline(PADDED)

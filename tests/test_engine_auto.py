@@ -11,6 +11,7 @@ import pytest
 
 from modelhub.engine.drafting_state import STATE_FILE, DraftingMemory
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions
+from modelhub.engine.members import request_drafters
 from modelhub.engine.options import DraftSource
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Proposal
@@ -136,6 +137,23 @@ def test_auto_output_is_the_targets_whatever_drafts(
     assert {r["name"] for r in report["drafters"]} == {"tiny-draft", "ngram"}, report
     with pytest.raises(InputError, match="'mtp' is not one of this model's drafters"):
         engines.generate(prompt, GenerateOptions(num_predict=4, draft="mtp"))
+
+
+def test_a_store_draft_is_priced_by_its_size_until_measured_unless_named(
+    pair: tuple[Path, Path], engines: Engine
+) -> None:
+    """Under auto a draft model's first guesses are priced by its size against the target's
+    (equal here: never worth a probe's catch-up on the prompt); a request that names it, or a
+    Modelfile's DRAFT line, tries it whatever its size."""
+    slot = engines.slots[0]
+    ratio = pair[1].stat().st_size / pair[0].stat().st_size
+    assert [m.cost_prior for m in slot.members] == [pytest.approx(ratio), None]
+    members, _ = request_drafters(engines, slot, GenerateOptions(), None)
+    assert [m.cost_prior for m in members] == [pytest.approx(ratio), None]
+    members, _ = request_drafters(engines, slot, GenerateOptions(draft="tiny-draft"), None)
+    assert [(m.name, m.cost_prior) for m in members] == [("tiny-draft", None)]
+    with _engine(pair[0], draft_kind="draft_model", draft_path=pair[1]) as by_hand:
+        assert [m.cost_prior for m in by_hand.slots[0].members] == [None, None]
 
 
 def test_a_plain_engine_has_no_default_drafter_but_ngram_on_request(

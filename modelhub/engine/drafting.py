@@ -72,6 +72,7 @@ class RequestDrafting:
     def controller_of(self, member: Member) -> AdaptiveDraftLength:
         controller = self._controllers(member.name, self.klass, self.load, member.max_k)
         controller.others, controller.base_rows = self.others, self.base_rows
+        controller.cost_prior = member.cost_prior
         return controller
 
     def begin(self, prompt: Sequence[int], seed: int | None) -> None:

@@ -8,6 +8,7 @@ names, or a prediction with the n-gram drafter behind it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from modelhub.engine.context import LlamaContext
@@ -47,8 +48,23 @@ def load_drafters(
     for src in sources:
         drafter = make_drafter(cfg, model, ctx, n_threads, placement, src)
         if drafter is not None:
-            members.append(Member(src.name, drafter, src.max_k))
+            prior = size_prior(model.path, src) if cfg.draft_kind == DRAFT_AUTO else None
+            members.append(Member(src.name, drafter, src.max_k, prior))
     return members
+
+
+def size_prior(target: Path, src: DraftSource) -> float | None:
+    """What ``DRAFT auto`` assumes a draft model's guess costs before it has measured one, in
+    one-row target steps: its file's size against the target's (decoding reads every weight
+    once). A candidate as big as the target is then never probed, which would cost a catch-up
+    on the whole prompt for nothing. A draft the Modelfile or the request names is always
+    tried (no prior)."""
+    if src.kind != "draft_model" or src.path is None:
+        return None
+    try:
+        return Path(src.path).stat().st_size / max(1, target.stat().st_size)
+    except OSError:
+        return None
 
 
 def fork_drafters(model: LlamaModel, first: list[Member]) -> list[Member]:
@@ -59,9 +75,9 @@ def fork_drafters(model: LlamaModel, first: list[Member]) -> list[Member]:
     for member in first:
         fork = getattr(member.drafter, "fork", None)  # draft model, MTP, EAGLE-3, DFlash
         if callable(fork):
-            members.append(Member(member.name, fork(), member.max_k))
+            members.append(replace(member, drafter=fork()))
         elif member.drafter.kind == "ngram":
-            members.append(Member(member.name, ngram_drafter(model.path), member.max_k))
+            members.append(replace(member, drafter=ngram_drafter(model.path)))
         else:
             raise DraftError(f"{member.drafter.kind} drafting serves one sequence at a time")
     return members
@@ -83,15 +99,15 @@ def request_drafters(
         return [Member("prediction", drafter, k_max)], k_max
     if options.draft in (None, DRAFT_AUTO):
         chosen = [m for m in slot.members if m.name in engine.default_drafters]
-    else:
-        chosen = [m for m in slot.members if m.name == options.draft]
+    else:  # a drafter the request names is tried whatever its size says (no prior)
+        chosen = [replace(m, cost_prior=None) for m in slot.members if m.name == options.draft]
         if not chosen:
             names = ", ".join(m.name for m in slot.members) or "none"
             raise InputError(
                 f"draft {options.draft!r} is not one of this model's drafters ({names}); "
                 "use auto, off or one of those"
             )
-    return [Member(m.name, m.drafter, min(m.max_k, k_max)) for m in chosen], k_max
+    return [replace(m, max_k=min(m.max_k, k_max)) for m in chosen], k_max
 
 
 def slot_ngram(engine: EngineHost, slot: Slot) -> Drafter:

@@ -11,7 +11,9 @@ many were accepted, and how long drafting and verification took. From that the c
   with exponential forgetting.
 
 The expected number of tokens a round emits with K drafts is (1 - a^(K+1)) / (1 - a), so the
-rate for K is that over ``K * draft + verify(K + 1)``; K = 0 is plain decoding at
+rate for K is that over ``K * draft + verify(K + 1)`` (before a guess is measured, a draft
+model's cost is taken from its size against the target's: ``cost_prior``); K = 0 is plain
+decoding at
 ``1 / verify(1)``. In a batch a round shares its step with other requests' rows
 (``base_rows``), so it is priced as the step it makes: K drafts cost ``verify(base_rows + K +
 1)``, each step's time is recorded under the step's total rows (a round's own row count would
@@ -99,6 +101,9 @@ class AdaptiveDraftLength:
         self._catch_up = Ewma(cost_alpha)  # a drafter's catch-up before a probe, seconds
         self._rated = False  # the drafter rates its tokens: cut() decides, next_k() asks max_k
         self.last_cut_rate: float | None = None  # expected tokens/s of the last cut() prefix
+        # A guess's cost in one-row target steps until one is measured (None: unknown, taken
+        # as free so that the drafter is tried); see ``draft_cost``.
+        self.cost_prior: float | None = None
         # Tokens the other requests in the batch emit per step, and the rows of that step
         # besides this request's own (set before each decision and each record).
         self.others = 0
@@ -157,12 +162,22 @@ class AdaptiveDraftLength:
         """A step of at most this request's plain width was measured."""
         return any(n <= self.base_rows + 1 for n in self._verify)
 
+    def draft_cost(self) -> float | None:
+        """Seconds per guess: measured, else ``cost_prior`` one-row target steps (a draft
+        model's size against the target's: a guess is one decode of the smaller model), else
+        None. With the prior a drafter whose size alone rules it out is never probed, so its
+        first probe of a load does not cost a catch-up on the whole prompt for nothing."""
+        if self._draft.value is not None:
+            return self._draft.value
+        one = self.verify_cost(1) if self.cost_prior is not None else None
+        return None if one is None or self.cost_prior is None else self.cost_prior * one
+
     def rate(self, k: int) -> float | None:
         """Predicted tokens per second with K = k (None when costs are unknown)."""
         verify = self.step_cost(k)
         if verify is None:
             return None
-        draft = 0.0 if k == 0 else k * (self._draft.value or 0.0)
+        draft = 0.0 if k == 0 else k * (self.draft_cost() or 0.0)
         return (self.others + self.expected_tokens(k)) / (draft + verify)
 
     @property
@@ -250,8 +265,9 @@ class AdaptiveDraftLength:
     @property
     def hopeless(self) -> bool:
         """True when drafting could not pay even if nearly every draft were accepted: the
-        costs alone rule it out (a draft as expensive as the target), so probing is pointless."""
-        if not self._plain_measured or self._draft.value is None:
+        costs alone (measured, or a draft model's size before that) rule it out (a draft as
+        expensive as the target), so probing is pointless."""
+        if not self._plain_measured or self.draft_cost() is None:
             return False
         return self._with_acceptance(_OPTIMISTIC_ACCEPTANCE) == 0
 
@@ -259,10 +275,10 @@ class AdaptiveDraftLength:
         """The draft length for the coming round."""
         if not self.adaptive or self.max_k == 0 or self._rated:
             return self.max_k
-        if not self._verify:
+        if not self._verify and self.cost_prior is None:
             k = self.max_k  # first round: draft, which measures drafting and a wide verify
         elif not self._plain_measured:
-            k = 0  # then measure plain decoding
+            k = 0  # then (first, with a prior to weigh it against) measure plain decoding
         else:
             k = self.best_k()
             self._rounds += 1
@@ -341,7 +357,7 @@ class AdaptiveDraftLength:
             return self._min_probe
         if self._draft_rounds < _MIN_EVIDENCE:
             return self._min_probe  # too little seen yet to give up on drafting for long
-        overhead = _PROBE_LENGTH * (self._draft.value or 0.0) + probe - plain
+        overhead = _PROBE_LENGTH * (self.draft_cost() or 0.0) + probe - plain
         overhead += self._catch_up.value or 0.0
         rounds = math.ceil(overhead / (_PROBE_BUDGET * plain))
         return max(self._min_probe, min(self._max_probe, rounds))

@@ -36,11 +36,13 @@ REVISIT_EVERY = 64
 
 @dataclass
 class Member:
-    """One of a request's drafters: the name a request or ``show`` uses, its bound on guesses."""
+    """One of a request's drafters: the name a request or ``show`` uses, its bound on guesses,
+    and what a guess is assumed to cost (in one-row target steps) until one is measured."""
 
     name: str
     drafter: Drafter
     max_k: int
+    cost_prior: float | None = None
 
     @property
     def rated(self) -> bool:
