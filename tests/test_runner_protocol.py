@@ -98,7 +98,7 @@ def test_an_error_keeps_its_class_across_the_pipe(error: ModelhubError) -> None:
     assert type(back) is type(error)
     assert (back.message, back.kind, back.status) == (error.message, error.kind, error.status)
     with pytest.raises(type(error)):
-        p.raise_if_error(event.wire())
+        p.raise_if_error(event)
     load = p.decode_event(p.LoadError.of(error).encode())
     assert isinstance(load, p.LoadError)
     assert type(load.exception("loading x failed: ")) is type(error)

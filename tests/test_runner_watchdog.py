@@ -126,7 +126,7 @@ def test_a_long_prefill_is_not_taken_for_silence() -> None:
     spec = LoadSpec.make("smol", "sha256:" + "0" * 64, "sha256:" + "1" * 64, config, {})
     msg = proto.Generate(prompt=prompt, options=proto.RunnerOptions(num_predict=1))
 
-    async def scenario() -> list[dict[str, object]]:
+    async def scenario() -> list[proto.Event]:
         scheduler = Scheduler(runner_timeout=1)
         try:
             async with scheduler.use(spec, keep_alive=None) as loaded:
@@ -135,10 +135,10 @@ def test_a_long_prefill_is_not_taken_for_silence() -> None:
             await scheduler.close()
 
     events = asyncio.run(scenario())
-    assert events[-1]["event"] == "done", events[-1]
-    result = events[-1]["result"]
-    assert isinstance(result, dict) and result["prompt_eval_count"] > 2000
-    seconds = result["prompt_eval_duration_ns"] / 1e9
+    done = events[-1]
+    assert isinstance(done, proto.Done), done
+    assert done.result.prompt_eval_count > 2000
+    seconds = done.result.prompt_eval_duration_ns / 1e9
     if seconds < 1.5:  # the bound and two heartbeat intervals
         pytest.skip(f"this machine evaluated the prompt in {seconds:.1f} s: nothing to show")
 
@@ -220,7 +220,7 @@ def test_an_unreadable_reply_fails_its_request_and_a_fresh_runner_serves(tmp_pat
         "tiny", "sha256:" + "0" * 64, "sha256:" + "1" * 64, {"model_path": str(model)}, {}
     )
 
-    async def run(scheduler: Scheduler, msg: proto.Job) -> list[dict[str, object]]:
+    async def run(scheduler: Scheduler, msg: proto.Job) -> list[proto.Event]:
         async with scheduler.use(spec, keep_alive=None) as loaded:
             return [event async for event in loaded.process.request(msg)]
 
@@ -229,11 +229,12 @@ def test_an_unreadable_reply_fails_its_request_and_a_fresh_runner_serves(tmp_pat
         try:
             embed = proto.Embed(texts=["the hello world"] * 20)
             failed = await asyncio.wait_for(run(scheduler, embed), 60)
-            assert failed[-1]["event"] == "error", failed[-1]
-            assert "longer than the 4096 bytes" in str(failed[-1]["message"])
+            error = failed[-1]
+            assert isinstance(error, proto.ErrorEvent), error
+            assert "longer than the 4096 bytes" in error.message
             generate = proto.Generate(prompt="the", options=proto.RunnerOptions(num_predict=4))
             served = await asyncio.wait_for(run(scheduler, generate), 60)
-            assert served[-1]["event"] == "done", served[-1]
+            assert isinstance(served[-1], proto.Done), served[-1]
         finally:
             await scheduler.close()
 

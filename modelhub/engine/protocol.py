@@ -333,7 +333,12 @@ Event = Annotated[
 ]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 # The events that end a request.
-FINAL_EVENTS = frozenset({"done", "error", "embeddings", "tokens", "counts", "drafting"})
+_FINAL = (Done, ErrorEvent, Embeddings, Tokens, Counts, DraftingReport)
+
+
+def is_final(event: Message) -> bool:
+    """The event ends its request (a result, or an error)."""
+    return isinstance(event, _FINAL)
 
 
 def decode_event(line: str | bytes | dict[str, Any]) -> Event:
@@ -346,10 +351,10 @@ def decode_event(line: str | bytes | dict[str, Any]) -> Event:
         raise RunnerProtocolError(f"runner protocol: {_describe(exc)}") from None
 
 
-def raise_if_error(event: dict[str, Any]) -> None:
-    """Raise the error an ``error`` event (as a dict) carries, as the class it was raised as."""
-    if event.get("event") == "error":
-        raise ErrorEvent.model_validate(event).exception()
+def raise_if_error(event: Message) -> None:
+    """Raise the error an ``error`` event carries, as the class it was raised as."""
+    if isinstance(event, ErrorEvent):
+        raise event.exception()
 
 
 def _describe(exc: ValidationError) -> str:

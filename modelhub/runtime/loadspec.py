@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelhub.engine.load_config import LoadConfig
+from modelhub.engine.protocol import DoneResult
 from modelhub.runtime.memory import MemoryEstimate
 
 
@@ -70,7 +71,7 @@ class DraftTally:
         self.tokens += 1
         self.drafted += int(drafted)
 
-    def add_result(self, result: dict[str, Any]) -> None:
-        self.checked += int(result.get("draft_count") or 0)
-        self.kept += int(result.get("draft_accepted_count") or 0)
-        self.last_drafter = result.get("drafter_name") or self.last_drafter
+    def add_result(self, result: DoneResult) -> None:
+        self.checked += result.draft_count
+        self.kept += result.draft_accepted_count
+        self.last_drafter = result.drafter_name or self.last_drafter

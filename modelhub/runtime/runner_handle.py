@@ -6,8 +6,8 @@ A handle is made by the scheduler's ``runner_factory(label)``, started once with
 config (``engine.protocol.Load``'s), then serves requests until it is closed or dies. A
 request is one of ``engine.protocol``'s typed jobs (``Generate``, ``Embed``, ``Count``, ...,
 built where the request is made, so a field the runner does not know fails there); ``request``
-gives it an id, sends it and yields its events, as the dicts of the protocol's messages, up
-to the final one (an ``error`` event carries its class: ``engine.protocol.raise_if_error``).
+gives it an id, sends it and yields its events, the protocol's typed messages, up to the
+final one (an ``ErrorEvent`` carries its class: ``engine.protocol.raise_if_error``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class RunnerHandle(Protocol):
     ) -> dict[str, Any]:
         """Load; the ``loaded`` event's fields, or the load's error (nothing left running)."""
 
-    def request(self, msg: p.Job) -> AsyncIterator[dict[str, Any]]:
+    def request(self, msg: p.Job) -> AsyncIterator[p.Event]:
         """Send one request and yield its events until the final one."""
 
     async def close(self) -> None:

@@ -39,7 +39,6 @@ from modelhub.runtime.runner_log import RunnerLog
 log = logging.getLogger("modelhub.runner")
 
 _ids = itertools.count(1)
-FINAL_EVENTS = p.FINAL_EVENTS  # the events that end a request
 LINE_LIMIT = 64 * 1024 * 1024  # the longest line read from a runner
 # Before its first heartbeat a runner is starting Python: slow on a busy machine.
 START_ALLOWANCE = 30.0
@@ -51,7 +50,7 @@ class RunnerProcess:
         self.label = label
         self.line_limit = line_limit
         self.proc: asyncio.subprocess.Process | None = None
-        self.pending: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self.pending: dict[str, asyncio.Queue[p.Event]] = {}
         self.loaded: asyncio.Future[dict[str, Any]] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.stderr_task: asyncio.Task[None] | None = None
@@ -180,7 +179,7 @@ class RunnerProcess:
             return
         q = self.pending.get(event.id)
         if q is not None:
-            q.put_nowait(event.wire())
+            q.put_nowait(event)
 
     async def _ended(self) -> None:
         """The runner's stdout is closed, or the reader gave up (and killed it): once it has
@@ -201,7 +200,7 @@ class RunnerProcess:
         message = self._death_message()
         if self.loaded is not None and not self.loaded.done():
             self.loaded.set_exception(RunnerCrashedError(message))
-        err = p.ErrorEvent.of(RunnerCrashedError(message)).wire()
+        err = p.ErrorEvent.of(RunnerCrashedError(message))
         for q in self.pending.values():
             q.put_nowait(err)
 
@@ -257,20 +256,18 @@ class RunnerProcess:
             )
         return f"model runner for {self.label} stopped unexpectedly ({self.exit_reason}){detail}"
 
-    async def request(self, msg: p.Job) -> AsyncIterator[dict[str, Any]]:
+    async def request(self, msg: p.Job) -> AsyncIterator[p.Event]:
         """Send one request and yield its events until the final one."""
         rid = f"r{next(_ids)}"
         request = msg.model_copy(update={"id": rid})
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        q: asyncio.Queue[p.Event] = asyncio.Queue()
         self.pending[rid] = q
         finished = False
         try:
             await self._send(request)
             while True:
                 event = await q.get()
-                kind = event.get("event")
-                if kind in FINAL_EVENTS:
-                    finished = True
+                finished = p.is_final(event)
                 yield event
                 if finished:
                     return
@@ -302,8 +299,8 @@ class RunnerProcess:
             await self.proc.wait()
 
 
-async def _drain(q: asyncio.Queue[dict[str, Any]]) -> None:
-    while (await q.get()).get("event") not in FINAL_EVENTS:
+async def _drain(q: asyncio.Queue[p.Event]) -> None:
+    while not p.is_final(await q.get()):
         pass
 
 

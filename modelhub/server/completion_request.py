@@ -20,15 +20,13 @@ from modelhub.engine import protocol as proto
 from modelhub.errors import InputError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyParser, ReplyPart
-from modelhub.server.generation import run_on_runner
+from modelhub.server.generation import Event, Finished, run_on_runner
 from modelhub.server.images import RequestImages, can_see, mark, prepare
 from modelhub.server.openai_models import ChatFields, SamplingBody
 from modelhub.server.prompts import chat_prompt
 from modelhub.server.reply_options import reply_parser, request_grammar, thinking, tool_plan
 from modelhub.server.state import ServerState
 from modelhub.server.truncation import ChatFit
-
-Event = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -100,14 +98,9 @@ async def completion_events(
         prediction=body.prediction,
         **setup.images.runner_fields(),
     )
-    keep_alive = body.keep_alive
-    prompt_tokens = 0
-    async for ev in run_on_runner(state, p, keep_alive, msg, started, setup.fit):
-        if ev.get("event") == "prompt":
-            prompt_tokens = int(ev.get("prompt_tokens") or 0)
-        if ev.get("event") == "done":
-            ev["result"]["prompt_tokens"] = prompt_tokens
-            state.metrics.record(view.name.display, ev["result"])
+    async for ev in run_on_runner(state, p, body.keep_alive, msg, started, setup.fit):
+        if isinstance(ev, Finished):
+            state.metrics.record(view.name.display, ev.result)
         yield ev
 
 

@@ -52,9 +52,8 @@ async def _measured(state: ServerState, view: ModelView) -> dict[str, Any] | Non
         if loaded.spec.model_blob == layer.digest and loaded.usable:
             try:
                 async for event in loaded.process.request(proto.Drafting()):
-                    if event.get("event") == "drafting":
-                        report = event.get("report")
-                        return report if isinstance(report, dict) else None
+                    if isinstance(event, proto.DraftingReport):
+                        return event.report
             except ModelhubError:
                 break
     path = state.store.drafting_dir(layer.digest) / "drafting.json"

@@ -8,7 +8,7 @@ from typing import Any
 from modelhub.engine import protocol as proto
 from modelhub.errors import InputError, ModelhubError
 from modelhub.library.views import ModelView
-from modelhub.server.generation import run_on_runner
+from modelhub.server.generation import Ready, run_on_runner
 from modelhub.server.state import ServerState
 
 
@@ -42,11 +42,12 @@ async def embed_texts(
     vectors: list[list[float]] = []
     count = 0
     async for ev in run_on_runner(state, p, keep_alive, proto.Embed(texts=texts), started):
-        if ev.get("event") == "ready":
-            load_ns = int(ev["load_duration"])
-        elif ev.get("event") in ("vectors", "embeddings"):  # pieces, then the last one
-            vectors.extend(ev["embeddings"])
-            count = int(ev.get("prompt_eval_count") or 0)
+        if isinstance(ev, Ready):
+            load_ns = ev.load_duration
+        elif isinstance(ev, proto.Vectors | proto.Embeddings):  # pieces, then the last one
+            vectors.extend(ev.embeddings)
+            if isinstance(ev, proto.Embeddings):
+                count = ev.prompt_eval_count
     return vectors, count, load_ns
 
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -18,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from modelhub.engine import protocol as proto
-from modelhub.errors import ModelhubError, RequestCancelledError
+from modelhub.errors import ModelhubError, RequestCancelledError, RunnerProtocolError
 from modelhub.replies.reply import ReplyPart
 from modelhub.runtime.planning import Plan
 from modelhub.runtime.scheduler import Loaded
@@ -28,7 +29,33 @@ from modelhub.server.prompts import check_prompt_fits
 from modelhub.server.state import ServerState
 from modelhub.server.truncation import ChatFit, Count
 
-Event = dict[str, Any]
+
+@dataclass(frozen=True)
+class Ready:
+    """The request holds its model (loaded in ``load_duration`` ns) and its sequence."""
+
+    load_duration: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The request's result; its prompt's length in tokens (``prompt_eval_count`` counts only
+    those not already cached); and why the model answers without its draft models if it does
+    (memory was short: ``LoadSpec.note``)."""
+
+    result: proto.DoneResult
+    prompt_tokens: int = 0
+    note: str = ""
+
+    @property
+    def prompt_length(self) -> int:
+        """The prompt's tokens, cached or not (what OpenAI's and Anthropic's usage count)."""
+        return self.prompt_tokens or self.result.prompt_eval_count
+
+
+# What a request on a runner yields to the routes, in order: Ready; then Prompt, Token...,
+# Finished for a generation; Vectors..., Embeddings for an embedding.
+Event = Ready | proto.Prompt | proto.Token | Finished | proto.Vectors | proto.Embeddings
 
 
 def now_rfc3339() -> str:
@@ -43,8 +70,9 @@ async def run_on_runner(
     started_ns: int,
     fit: ChatFit | None = None,
 ) -> AsyncIterator[Event]:
-    """Yield runner events; the first one is ``{"event": "ready", "load_duration": ns}``.
-    With ``fit``, the prompt is what it makes on the runner (``msg.prompt`` is replaced)."""
+    """Yield the request's events (``Event``), ``Ready`` first; an error the runner sends is
+    raised as its class. With ``fit``, the prompt is what it makes on the runner
+    (``msg.prompt`` is replaced)."""
     if isinstance(msg, proto.Generate):
         n_ctx = plan.spec.config.n_ctx
         text = fit.shortest() if fit is not None else msg.prompt
@@ -52,20 +80,26 @@ async def run_on_runner(
     # An embedding takes no sequence: it runs beside generations (see runtime.scheduler).
     sequence = not isinstance(msg, proto.Embed)
     async with state.scheduler.use(plan.spec, keep_alive, sequence=sequence) as loaded:
-        yield {"event": "ready", "load_duration": time.monotonic_ns() - started_ns}
+        yield Ready(time.monotonic_ns() - started_ns)
         if fit is not None and isinstance(msg, proto.Generate):
             count = runner_counter(loaded, fit.count_fields())
             msg = msg.model_copy(update={"prompt": await fit(count, context_size(loaded))})
+        prompt_tokens = 0
         async for event in loaded.process.request(msg):
             proto.raise_if_error(event)  # the class the runner raised
-            kind_of = event.get("event")
-            if kind_of == "token":
-                loaded.drafting.add_token(bool(event.get("drafted")))
-            elif kind_of == "done":
-                loaded.drafting.add_result(event.get("result") or {})
-                if loaded.spec.note:  # loaded without its draft models: say so
-                    event = {**event, "result": {**event["result"], "note": loaded.spec.note}}
-            yield event
+            if isinstance(event, proto.Token):
+                loaded.drafting.add_token(event.drafted)
+            elif isinstance(event, proto.Prompt):
+                prompt_tokens = event.prompt_tokens
+            if isinstance(event, proto.Done):
+                loaded.drafting.add_result(event.result)
+                yield Finished(event.result, prompt_tokens, loaded.spec.note)
+            elif isinstance(event, proto.Prompt | proto.Token | proto.Vectors | proto.Embeddings):
+                yield event
+            else:
+                raise RunnerProtocolError(
+                    f"runner protocol: a {event.event!r} event answered {msg.op!r}"
+                )
 
 
 async def fitted_prompt(
@@ -86,8 +120,8 @@ def runner_counter(loaded: Loaded, extra: dict[str, Any] | None = None) -> Count
         counts: list[int] | None = None
         async for event in loaded.process.request(msg):  # ends after its final event
             proto.raise_if_error(event)
-            if event.get("event") == "counts":
-                counts = [int(n) for n in event["counts"]]
+            if isinstance(event, proto.Counts):
+                counts = event.counts
         if counts is None or len(counts) != len(texts):
             raise ModelhubError("the model runner answered no token counts")
         return counts
@@ -120,7 +154,7 @@ async def collect(
     async def read() -> None:
         async for event in events:
             got.append(event)
-            if first_token_only and event.get("event") in ("token", "done"):
+            if first_token_only and isinstance(event, proto.Token | Finished):
                 return
 
     task = asyncio.create_task(read())
@@ -154,17 +188,19 @@ class ReplyReader(Protocol):
 
 async def gathered(
     events: AsyncIterator[Event], reader: ReplyReader, take: Callable[[ReplyPart], object]
-) -> dict[str, Any]:
+) -> Finished:
     """An unstreamed answer: each token's reply part, then the reader's last one, handed to
-    ``take`` in order; returns the ``done`` event's result (empty without one)."""
-    result: dict[str, Any] = {}
+    ``take`` in order; returns the request's end."""
+    done: Finished | None = None
     async for ev in events:
-        if ev.get("event") == "token":
-            take(reader.parse(str(ev.get("text", ""))))
-        elif ev.get("event") == "done":
-            result = ev["result"]
+        if isinstance(ev, proto.Token):
+            take(reader.parse(ev.text))
+        elif isinstance(ev, Finished):
+            done = ev
     take(reader.finish())
-    return result
+    if done is None:
+        raise ModelhubError("generation ended without a result")
+    return done
 
 
 async def respond(
@@ -173,8 +209,8 @@ async def respond(
     *,
     stream: bool,
     chunk: Shape,
-    final: Shape,
-    on_done: Callable[[Event], None] | None = None,
+    final: Callable[[Finished], dict[str, Any] | None],
+    on_done: Callable[[Finished], None] | None = None,
 ) -> Response:
     """Turn runner events into NDJSON (stream) or one JSON object (stream: false).
 
@@ -187,7 +223,7 @@ async def respond(
         return error_response(exc, "ollama")
 
     def shape(event: Event) -> dict[str, Any] | None:
-        if event.get("event") == "done":
+        if isinstance(event, Finished):
             if on_done:
                 on_done(event)
             return final(event)
@@ -201,7 +237,7 @@ async def respond(
                 shaped = shape(event)
                 if shaped is None:
                     continue
-                if event.get("event") == "done":
+                if isinstance(event, Finished):
                     last = shaped
                 else:
                     parts.append(shaped)
@@ -247,39 +283,39 @@ def merge_parts(parts: list[dict[str, Any]], last: dict[str, Any]) -> dict[str, 
     return out
 
 
-def final_stats(result: dict[str, Any], started_ns: int, load_ns: int) -> dict[str, Any]:
+def final_stats(done: Finished, started_ns: int, load_ns: int) -> dict[str, Any]:
     """Ollama's counters (nanoseconds, zero values omitted) plus the draft statistics (all of
     them once anything was drafted)."""
+    result = done.result
     stats = {
         "total_duration": time.monotonic_ns() - started_ns,
         "load_duration": load_ns,
-        "prompt_eval_count": result.get("prompt_eval_count", 0),
-        "prompt_eval_duration": result.get("prompt_eval_duration_ns", 0),
-        "eval_count": result.get("eval_count", 0),
-        "eval_duration": result.get("eval_duration_ns", 0),
+        "prompt_eval_count": result.prompt_eval_count,
+        "prompt_eval_duration": result.prompt_eval_duration_ns,
+        "eval_count": result.eval_count,
+        "eval_duration": result.eval_duration_ns,
     }
     out = {**{k: v for k, v in stats.items() if v}, **draft_stats(result)}
-    if result.get("note"):
-        out["draft_note"] = result["note"]
+    if done.note:
+        out["draft_note"] = done.note
     return out
 
 
-def draft_stats(result: dict[str, Any]) -> dict[str, Any]:
+def draft_stats(result: proto.DoneResult) -> dict[str, Any]:
     """What drafting did for a request (nothing when nothing was drafted): guesses checked and
     kept, per draft position, the drafter that guessed most, and the speed-up against the
     controller's estimate of plain decoding for the same tokens."""
-    count = int(result.get("draft_count") or 0)
-    if count <= 0:
+    if result.draft_count <= 0:
         return {}
     out: dict[str, Any] = {
-        "draft_count": count,
-        "draft_accepted_count": int(result.get("draft_accepted_count") or 0),
-        "draft_count_by_position": list(result.get("draft_count_by_position") or []),
-        "draft_accepted_by_position": list(result.get("draft_accepted_by_position") or []),
+        "draft_count": result.draft_count,
+        "draft_accepted_count": result.draft_accepted_count,
+        "draft_count_by_position": list(result.draft_count_by_position),
+        "draft_accepted_by_position": list(result.draft_accepted_by_position),
     }
-    if result.get("drafter_name"):
-        out["drafter"] = result["drafter_name"]
-    plain, spent = result.get("plain_estimate_ns") or 0, result.get("eval_duration_ns") or 0
+    if result.drafter_name:
+        out["drafter"] = result.drafter_name
+    plain, spent = result.plain_estimate_ns, result.eval_duration_ns
     if plain > 0 and spent > 0:
         out["draft_speedup"] = round(plain / spent, 2)
     return out

@@ -8,6 +8,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from modelhub.engine.protocol import DoneResult
+
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "RequestCounter"]
 
 
@@ -58,15 +60,13 @@ class Metrics:
             "modelhub_sequences_queued", "Requests waiting for a sequence", ["model"], registry=r
         )
 
-    def record(self, model: str, result: dict[str, Any]) -> None:
-        self.prompt_tokens.labels(model).inc(int(result.get("prompt_eval_count") or 0))
-        self.generated_tokens.labels(model).inc(int(result.get("eval_count") or 0))
-        self.draft_proposed.labels(model).inc(int(result.get("draft_count") or 0))
-        self.draft_accepted.labels(model).inc(int(result.get("draft_accepted_count") or 0))
+    def record(self, model: str, result: DoneResult) -> None:
+        self.prompt_tokens.labels(model).inc(result.prompt_eval_count)
+        self.generated_tokens.labels(model).inc(result.eval_count)
+        self.draft_proposed.labels(model).inc(result.draft_count)
+        self.draft_accepted.labels(model).inc(result.draft_accepted_count)
         counts = zip(
-            result.get("draft_count_by_position") or [],
-            result.get("draft_accepted_by_position") or [],
-            strict=False,
+            result.draft_count_by_position, result.draft_accepted_by_position, strict=False
         )
         for i, (proposed, accepted) in enumerate(counts, start=1):
             self.draft_proposed_at.labels(model, str(i)).inc(int(proposed))

@@ -16,6 +16,7 @@ from typing import Any
 
 from modelhub.replies.reply import ReplyPart
 from modelhub.replies.tool_calls import ToolCall
+from modelhub.server.generation import Finished
 from modelhub.server.jsonbody import sse
 from modelhub.server.responses_request import ResponsesBody
 
@@ -38,7 +39,7 @@ class Reply:
         self.sequence += 1
         return f"event: {kind}\n".encode() + sse(payload)
 
-    def response(self, status: str, result: dict[str, Any] | None = None) -> dict[str, Any]:
+    def response(self, status: str, done: Finished | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.ident,
             "object": "response",
@@ -63,9 +64,8 @@ class Reply:
             "metadata": self.request.metadata,
             "usage": None,
         }
-        if result is not None:
-            prompt = int(result.get("prompt_tokens") or result.get("prompt_eval_count") or 0)
-            generated = int(result.get("eval_count") or 0)
+        if done is not None:
+            prompt, generated = done.prompt_length, done.result.eval_count
             body["usage"] = {
                 "input_tokens": prompt,
                 "input_tokens_details": {"cached_tokens": 0},
@@ -73,10 +73,10 @@ class Reply:
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": prompt + generated,
                 # Extensions, as on /v1/messages: the guesses drafting checked and kept.
-                "draft_count": int(result.get("draft_count") or 0),
-                "draft_accepted_count": int(result.get("draft_accepted_count") or 0),
+                "draft_count": done.result.draft_count,
+                "draft_accepted_count": done.result.draft_accepted_count,
             }
-            if result.get("done_reason") == "length":
+            if done.result.done_reason == "length":
                 body["status"] = "incomplete"
                 body["incomplete_details"] = {"reason": "max_output_tokens"}
         return body
@@ -222,11 +222,11 @@ class Streamer:
         out.append(self.reply.event("response.output_item.done", output_index=index, item=done))
         return out
 
-    def finish(self, result: dict[str, Any]) -> list[bytes]:
+    def finish(self, done: Finished) -> list[bytes]:
         out = self._close()
         if not self.reply.output:  # an empty answer is still a message
             out += self._open("message") + self._close()
-        response = self.reply.response("completed", result)
+        response = self.reply.response("completed", done)
         self.final = response
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
         return [*out, self.reply.event(kind, response=response)]

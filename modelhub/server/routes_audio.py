@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,7 +24,7 @@ from modelhub.errors import InputError
 from modelhub.replies.reply import ReplyPart
 from modelhub.server import audio
 from modelhub.server.completion_request import chat_setup, completion_events
-from modelhub.server.generation import chained, collect
+from modelhub.server.generation import chained, collect, gathered
 from modelhub.server.images import can_see
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
@@ -104,7 +104,9 @@ async def transcriptions(request: Request) -> Response:
     setup = dataclasses.replace(setup, image_todo=[])
     events = completion_events(state, chat, setup, view, started)
     head = await collect(events, request, first_token_only=False)
-    text, result = await _reply(setup, chained(head, events))
+    whole = ReplyPart()
+    done = await gathered(chained(head, events), setup, whole.add)
+    text = whole.content.strip()  # thinking and tool calls left out
     if fields["response_format"] == "text":
         return PlainTextResponse(text)
     if fields["response_format"] == "verbose_json":
@@ -119,8 +121,7 @@ async def transcriptions(request: Request) -> Response:
                 "usage": {"type": "duration", "seconds": round(seconds, 3)},
             }
         )
-    prompt = int(result.get("prompt_tokens") or result.get("prompt_eval_count") or 0)
-    output = int(result.get("eval_count") or 0)
+    prompt, output = done.prompt_length, done.result.eval_count
     usage = {
         "type": "tokens",
         "input_tokens": prompt,
@@ -203,16 +204,3 @@ def _system(fields: dict[str, Any]) -> str:
     if fields["prompt"]:
         out += f" Context: {fields['prompt']}"
     return out
-
-
-async def _reply(setup: Any, events: AsyncIterator[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    """The reply's text (thinking and tool calls left out) and the final result."""
-    whole = ReplyPart()
-    result: dict[str, Any] = {}
-    async for ev in events:
-        if ev.get("event") == "token":
-            whole.add(setup.parse(str(ev.get("text", ""))))
-        elif ev.get("event") == "done":
-            result = ev["result"]
-    whole.add(setup.finish())
-    return whole.content.strip(), result

@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from modelhub.engine import protocol as proto
 from modelhub.errors import ModelhubError
 from modelhub.library.views import ModelView
 from modelhub.replies.reply import ReplyPart
@@ -33,7 +34,7 @@ from modelhub.server.completion_request import (
     ollama_options,
 )
 from modelhub.server.errors import error_body
-from modelhub.server.generation import chained, collect, fitted_prompt
+from modelhub.server.generation import Event, Finished, chained, collect, fitted_prompt
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
 from modelhub.server.openai_models import ChatCompletionBody, CompletionBody, SamplingBody
@@ -44,8 +45,6 @@ from modelhub.server.state import ServerState, get_state
 from modelhub.server.truncation import ChatFit
 
 router = APIRouter()
-
-Event = dict[str, Any]
 
 
 @router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
@@ -171,24 +170,26 @@ def _message(part: ReplyPart, delta: bool) -> dict[str, Any]:
 
 async def _unstreamed(c: _Completion, events: AsyncIterator[Event]) -> Response:
     whole = ReplyPart()
-    result: dict[str, Any] = {}
+    done: Finished | None = None
     raws: list[dict[str, Any]] = []
     async for ev in events:
-        if ev.get("event") == "token":
-            whole.add(c.parse(str(ev.get("text", ""))))
-            if ev.get("logprob") is not None:
-                raws.append(ev["logprob"])
-        elif ev.get("event") == "done":
-            result = ev["result"]
+        if isinstance(ev, proto.Token):
+            whole.add(c.parse(ev.text))
+            if ev.logprob is not None:
+                raws.append(ev.logprob)
+        elif isinstance(ev, Finished):
+            done = ev
+    if done is None:
+        raise ModelhubError("generation ended without a result")
     whole.add(c.finish())
     text = whole.content
-    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(result, bool(whole.calls))}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(done, bool(whole.calls))}
     if c.chat:
         choice["message"] = {"role": "assistant", **_message(whole, delta=False)}
     else:
         choice["text"] = text
     choice["logprobs"] = _logprobs(c, raws, 0)
-    body = c.envelope(False, choices=[choice], usage=_usage(result), timings=_timings(result))
+    body = c.envelope(False, choices=[choice], usage=_usage(done), timings=_timings(done))
     return JSONResponse(body)
 
 
@@ -230,27 +231,26 @@ async def _streamed(c: _Completion, events: AsyncIterator[Event]) -> AsyncIterat
     offset = 0  # legacy completions: where the next token's text starts
     try:
         async for ev in events:
-            if ev.get("event") == "token":
-                if ev.get("logprob") is not None:
-                    raws.append(ev["logprob"])
-                part = c.parse(str(ev.get("text", "")))
+            if isinstance(ev, proto.Token):
+                if ev.logprob is not None:
+                    raws.append(ev.logprob)
+                part = c.parse(ev.text)
                 if not part:
                     continue  # nothing to show yet (a marker or stop may be starting)
                 called = called or bool(part.calls)
                 yield _sse(_chunk(c, part, None, first, raws, offset))
                 offset += sum(len(r["token"]) for r in raws)
                 raws, first = [], False
-            elif ev.get("event") == "done":
-                result = ev["result"]
+            elif isinstance(ev, Finished):
                 part = c.finish()
                 if part or raws:
                     called = called or bool(part.calls)
                     yield _sse(_chunk(c, part, None, first, raws, offset))
                     first = False
-                last = _chunk(c, None, _finish(result, called), first)
-                yield _sse({**last, "timings": _timings(result)})
+                last = _chunk(c, None, _finish(ev, called), first)
+                yield _sse({**last, "timings": _timings(ev)})
                 if c.include_usage:
-                    yield _sse(c.envelope(True, choices=[], usage=_usage(result)))
+                    yield _sse(c.envelope(True, choices=[], usage=_usage(ev)))
     except ModelhubError as exc:
         yield _sse(error_body(exc, "openai"))
     yield b"data: [DONE]\n\n"
@@ -260,11 +260,9 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return sse(obj)
 
 
-def _usage(result: dict[str, Any]) -> dict[str, Any]:
-    prompt = int(result.get("prompt_tokens") or result.get("prompt_eval_count") or 0)
-    completion = int(result.get("eval_count") or 0)
-    proposed = int(result.get("draft_count") or 0)
-    accepted = int(result.get("draft_accepted_count") or 0)
+def _usage(done: Finished) -> dict[str, Any]:
+    prompt, completion = done.prompt_length, done.result.eval_count
+    proposed, accepted = done.result.draft_count, done.result.draft_accepted_count
     usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -277,23 +275,23 @@ def _usage(result: dict[str, Any]) -> dict[str, Any]:
     return usage
 
 
-def _timings(result: dict[str, Any]) -> dict[str, Any]:
+def _timings(done: Finished) -> dict[str, Any]:
     """llama-server's ``timings`` object (milliseconds), with its draft counters."""
-    prompt_ns = int(result.get("prompt_eval_duration_ns") or 0)
-    eval_ns = int(result.get("eval_duration_ns") or 0)
-    predicted = int(result.get("eval_count") or 0)
+    result = done.result
+    prompt_ns, eval_ns = result.prompt_eval_duration_ns, result.eval_duration_ns
+    predicted = result.eval_count
     return {
-        "prompt_n": int(result.get("prompt_eval_count") or 0),
+        "prompt_n": result.prompt_eval_count,
         "prompt_ms": prompt_ns / 1e6,
         "predicted_n": predicted,
         "predicted_ms": eval_ns / 1e6,
         "predicted_per_second": predicted / (eval_ns / 1e9) if eval_ns > 0 else 0.0,
-        "draft_n": int(result.get("draft_count") or 0),
-        "draft_n_accepted": int(result.get("draft_accepted_count") or 0),
+        "draft_n": result.draft_count,
+        "draft_n_accepted": result.draft_accepted_count,
     }
 
 
-def _finish(result: dict[str, Any], called: bool = False) -> str:
+def _finish(done: Finished, called: bool = False) -> str:
     if called:
         return "tool_calls"
-    return "length" if result.get("done_reason") == "length" else "stop"
+    return "length" if done.result.done_reason == "length" else "stop"

@@ -22,6 +22,9 @@ from modelhub.server import logprobs
 from modelhub.server.drafting_view import ps_draft
 from modelhub.server.embedding import embed_texts, normalise
 from modelhub.server.generation import (
+    Event,
+    Finished,
+    Ready,
     final_stats,
     fitted_prompt,
     now_rfc3339,
@@ -81,7 +84,7 @@ class NativeShaper:
         chat: bool,
         started: int,
         with_context: bool,
-        record: Callable[[dict[str, Any]], None],
+        record: Callable[[proto.DoneResult], None],
         parser: ReplyParser | None = None,
     ) -> None:
         self.raw, self.chat, self.started = raw, chat, started
@@ -90,14 +93,14 @@ class NativeShaper:
         self.load_ns = 0
         self._logprobs: list[dict[str, Any]] = []  # of tokens whose text is still held back
 
-    def chunk(self, ev: dict[str, Any]) -> dict[str, Any] | None:
-        if ev.get("event") == "ready":
-            self.load_ns = int(ev["load_duration"])
-        if ev.get("event") != "token":
+    def chunk(self, ev: Event) -> dict[str, Any] | None:
+        if isinstance(ev, Ready):
+            self.load_ns = ev.load_duration
+        if not isinstance(ev, proto.Token):
             return None
-        if ev.get("logprob") is not None:
-            self._logprobs.append(logprobs.entry(ev["logprob"]))
-        text = str(ev.get("text", ""))
+        if ev.logprob is not None:
+            self._logprobs.append(logprobs.entry(ev.logprob))
+        text = ev.text
         if self.parser is None:
             if not text:
                 return None
@@ -108,7 +111,7 @@ class NativeShaper:
                 return None  # held back (a marker may be starting)
             out = reply_body(self.raw, chat=self.chat, part=part)
         out["done"] = False
-        if ev.get("drafted"):
+        if ev.drafted:
             out["drafted"] = True
         self._attach_logprobs(out)
         return out
@@ -117,15 +120,15 @@ class NativeShaper:
         if self._logprobs:
             out["logprobs"], self._logprobs = self._logprobs, []
 
-    def final(self, ev: dict[str, Any]) -> dict[str, Any]:
-        result = ev["result"]
+    def final(self, ev: Finished) -> dict[str, Any]:
+        result = ev.result
         part = self.parser.finish() if self.parser is not None else None
         out = reply_body(self.raw, chat=self.chat, part=part)
         self._attach_logprobs(out)
         out.update(done=True, done_reason=_done_reason(result))
         if self.with_context:
-            out["context"] = result.get("context", [])
-        out.update(final_stats(result, self.started, self.load_ns))
+            out["context"] = list(result.context)
+        out.update(final_stats(ev, self.started, self.load_ns))
         self.record(result)
         return out
 
@@ -208,9 +211,8 @@ def _with_logprobs(options: dict[str, Any], req: GenerateBody | ChatBody) -> dic
     return options if top is None else {**options, "top_logprobs": top}
 
 
-def _done_reason(result: dict[str, Any]) -> str:
-    reason = str(result.get("done_reason") or "stop")
-    return "stop" if reason == "cancel" else reason
+def _done_reason(result: proto.DoneResult) -> str:
+    return "stop" if result.done_reason == "cancel" else result.done_reason
 
 
 @router.post("/api/chat", openapi_extra=openapi_body(ChatBody))

@@ -25,19 +25,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from modelhub.engine import protocol as proto
 from modelhub.errors import ModelhubError
 from modelhub.replies.reply import ReplyPart
 from modelhub.server.anthropic_request import CountTokensBody, MessagesBody
 from modelhub.server.completion_request import Setup, chat_setup, completion_events
 from modelhub.server.errors import error_body
-from modelhub.server.generation import chained, collect, gathered, runner_counter
+from modelhub.server.generation import Event, Finished, chained, collect, gathered, runner_counter
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
 from modelhub.server.request_models import openapi_body, read_request
 from modelhub.server.state import get_state
 
 router = APIRouter()
-Event = dict[str, Any]
 
 
 def _event(kind: str, **body: Any) -> bytes:
@@ -112,7 +112,7 @@ class _Reply:
     stops: list[str]
     ident: str = field(default_factory=lambda: "msg_" + secrets.token_hex(12))
 
-    def message(self, content: list[Any], **rest: Any) -> Event:
+    def message(self, content: list[Any], **rest: Any) -> dict[str, Any]:
         return {
             "id": self.ident,
             "type": "message",
@@ -122,12 +122,12 @@ class _Reply:
             **rest,
         }
 
-    def stop(self, result: dict[str, Any], called: bool) -> dict[str, Any]:
+    def stop(self, result: proto.DoneResult, called: bool) -> dict[str, Any]:
         """``stop_reason`` and ``stop_sequence`` (one of the request's, when it ended it)."""
-        hit = result.get("stop_sequence")
+        hit = result.stop_sequence
         if called:
             reason = "tool_use"
-        elif result.get("done_reason") == "length":
+        elif result.done_reason == "length":
             reason = "max_tokens"
         elif isinstance(hit, str) and hit in self.stops:
             return {"stop_reason": "stop_sequence", "stop_sequence": hit}
@@ -136,19 +136,19 @@ class _Reply:
         return {"stop_reason": reason, "stop_sequence": None}
 
 
-def usage(result: dict[str, Any]) -> dict[str, Any]:
+def usage(done: Finished) -> dict[str, Any]:
     """Anthropic's usage: input tokens evaluated now, those read from the prompt cache (the
     prefix kept from an earlier request), output tokens, and the draft counters."""
-    total = int(result.get("prompt_tokens") or 0)
-    evaluated = int(result.get("prompt_eval_count") or 0)
+    result = done.result
+    total, evaluated = done.prompt_tokens, result.prompt_eval_count
     cached = max(total - evaluated, 0)
     return {
         "input_tokens": total - cached if total else evaluated,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
-        "output_tokens": int(result.get("eval_count") or 0),
-        "draft_count": int(result.get("draft_count") or 0),
-        "draft_accepted_count": int(result.get("draft_accepted_count") or 0),
+        "output_tokens": result.eval_count,
+        "draft_count": result.draft_count,
+        "draft_accepted_count": result.draft_accepted_count,
     }
 
 
@@ -164,14 +164,14 @@ async def messages(request: Request) -> Response:
     head = await collect(events, request, first_token_only=body.stream)
     reply = _Reply(body.model, body.stop_sequences)
     if body.stream:
-        prompt = next((e["prompt_tokens"] for e in head if e.get("event") == "prompt"), 0)
-        stream = _streamed(reply, setup, chained(head, events), int(prompt or 0))
+        prompt = next((e.prompt_tokens for e in head if isinstance(e, proto.Prompt)), 0)
+        stream = _streamed(reply, setup, chained(head, events), prompt)
         return StreamingResponse(stream, media_type="text/event-stream")
     blocks = _Blocks()
-    result = await gathered(chained(head, events), setup, blocks.part)
+    done = await gathered(chained(head, events), setup, blocks.part)
     blocks.close()
-    stop = reply.stop(result, blocks.called)
-    return JSONResponse(reply.message(blocks.content, **stop, usage=usage(result)))
+    stop = reply.stop(done.result, blocks.called)
+    return JSONResponse(reply.message(blocks.content, **stop, usage=usage(done)))
 
 
 async def _streamed(
@@ -186,15 +186,14 @@ async def _streamed(
     yield _event("ping")
     try:
         async for ev in events:
-            if ev.get("event") == "token":
-                for chunk in blocks.part(setup.parse(str(ev.get("text", "")))):
+            if isinstance(ev, proto.Token):
+                for chunk in blocks.part(setup.parse(ev.text)):
                     yield chunk
-            elif ev.get("event") == "done":
-                result = ev["result"]
+            elif isinstance(ev, Finished):
                 for chunk in [*blocks.part(setup.finish()), *blocks.close()]:
                     yield chunk
-                delta = reply.stop(result, blocks.called)
-                yield _event("message_delta", delta=delta, usage=usage(result))
+                delta = reply.stop(ev.result, blocks.called)
+                yield _event("message_delta", delta=delta, usage=usage(ev))
                 yield _event("message_stop")
     except ModelhubError as exc:
         yield _event("error", error=error_body(exc, "anthropic")["error"])

@@ -19,11 +19,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from modelhub.engine import protocol as proto
 from modelhub.errors import InputError, ModelhubError
 from modelhub.replies.reply import ReplyPart
 from modelhub.server.completion_request import chat_setup, completion_events
 from modelhub.server.errors import error_body
-from modelhub.server.generation import chained, collect, gathered
+from modelhub.server.generation import Event, Finished, chained, collect, gathered
 from modelhub.server.jsonbody import JSONResponse
 from modelhub.server.lookup import find_model
 from modelhub.server.request_models import openapi_body, read_request
@@ -33,7 +34,6 @@ from modelhub.server.responses_store import ResponseStore, StoredResponse
 from modelhub.server.state import get_state
 
 router = APIRouter()
-Event = dict[str, Any]
 Save = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -90,13 +90,13 @@ async def _streamed(
     yield reply.event("response.in_progress", response=reply.response("in_progress"))
     try:
         async for ev in events:
-            if ev.get("event") == "token":
-                for chunk in streamer.part(setup.parse(str(ev.get("text", "")))):
+            if isinstance(ev, proto.Token):
+                for chunk in streamer.part(setup.parse(ev.text)):
                     yield chunk
-            elif ev.get("event") == "done":
+            elif isinstance(ev, Finished):
                 for chunk in streamer.part(setup.finish()):
                     yield chunk
-                last = streamer.finish(ev["result"])
+                last = streamer.finish(ev)
                 if streamer.final is not None:
                     await save(streamer.final)  # stored before the client hears it is done
                 for chunk in last:

@@ -84,7 +84,7 @@ class FakeRunner:
         )
         return p.decode_event(loaded.encode()).wire()
 
-    async def request(self, msg: p.Job) -> AsyncIterator[dict[str, Any]]:
+    async def request(self, msg: p.Job) -> AsyncIterator[p.Event]:
         if self.dead:
             raise RunnerCrashedError(f"model runner for {self.label} stopped unexpectedly")
         rid = f"f{len(self.received)}"
@@ -94,8 +94,8 @@ class FakeRunner:
             if isinstance(event, float):
                 await asyncio.sleep(event)
                 continue
-            yield p.decode_event(event.encode()).wire()  # what crosses the pipe, checked
-            if event.wire().get("event") in p.FINAL_EVENTS:
+            yield p.decode_event(event.encode())  # what crosses the pipe, checked
+            if p.is_final(event):
                 return
 
     def _answer(self, req: p.Message) -> Iterator[p.Message | float]:
