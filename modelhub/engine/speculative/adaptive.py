@@ -13,8 +13,7 @@ many were accepted, and how long drafting and verification took. From that the c
 The expected number of tokens a round emits with K drafts is (1 - a^(K+1)) / (1 - a), so the
 rate for K is that over ``K * draft + verify(K + 1)`` (before a guess is measured, a draft
 model's cost is taken from its size against the target's: ``cost_prior``); K = 0 is plain
-decoding at
-``1 / verify(1)``. In a batch a round shares its step with other requests' rows
+decoding at ``1 / verify(1)``. In a batch a round shares its step with other requests' rows
 (``base_rows``), so it is priced as the step it makes: K drafts cost ``verify(base_rows + K +
 1)``, each step's time is recorded under the step's total rows (a round's own row count would
 mix in whatever the others drafted, and a table where more rows cost nothing more makes drafts
