@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
+from modelhub.engine.speculative.costs import VerifyCosts
 
 
 @dataclass
@@ -264,3 +265,19 @@ def test_a_small_draft_models_size_prior_lets_it_draft() -> None:
     assert res.ks[0] == 0  # plain decoding is measured first, to weigh the prior against
     assert np.median(res.ks[30:]) >= 3
     assert res.rate > 1.4 * baseline(PADDED)
+
+
+def test_a_slow_first_wide_step_does_not_rule_out_a_small_draft_for_good() -> None:
+    """Under a size prior the verdict "hopeless" is weighed at the prior verify curve, not at a
+    wide step measured once and slowly (another drafter's first 17-row verify): a small draft
+    is still probed, measured and kept."""
+    costs: VerifyCosts = {}  # the target's verify costs, shared by a model's drafters
+    ngram = AdaptiveDraftLength(16, verify=costs)
+    ngram.record(16, 16, 0, 0.0, 40 * PADDED.verify(1))  # a stalled first wide verify
+    ctl = AdaptiveDraftLength(8, verify=costs)
+    ctl.cost_prior = PADDED.draft / PADDED.verify(1)
+    ctl.record(0, 0, 0, 0.0, PADDED.verify(1))
+    assert ctl.best_k() == 0  # the table says no
+    assert not ctl.hopeless  # but the verdict is the prior's: probe
+    res = simulate(ctl, PADDED, lambda r: 0.9, tokens=1000)
+    assert np.median(res.ks[60:]) >= 3
