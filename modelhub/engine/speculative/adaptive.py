@@ -232,7 +232,7 @@ class AdaptiveDraftLength:
     ) -> tuple[int, float]:
         """The best prefix length and its expected tokens per second (``plain`` for 0);
         ``step_cost(k)`` is the seconds of the step with ``k`` drafts."""
-        draft = self._draft.value or 0.0
+        draft = self.draft_cost() or 0.0
         best_k, best_rate = 0, plain * _MARGIN
         expected, survive = 1.0 + self.others, 1.0
         for k, c in enumerate(confidence, start=1):
@@ -268,27 +268,13 @@ class AdaptiveDraftLength:
         expensive as the target), so probing is pointless."""
         if not self._plain_measured or self.draft_cost() is None:
             return False
-        if self._draft.value is None:
-            return self._hopeless_by_prior()
+        plain = self.rate(0)
+        if self._draft.value is None and plain is not None:
+            # A prior's verdict is weighed at the prior verify curve: the measured wide widths
+            # may rest on one slow first step, and a verdict that never probes never re-measures.
+            optimistic = [_OPTIMISTIC_ACCEPTANCE] * self.max_k
+            return self._best_prefix(optimistic, plain, self._prior_step_cost)[0] == 0
         return self._with_acceptance(_OPTIMISTIC_ACCEPTANCE) == 0
-
-    def _hopeless_by_prior(self) -> bool:
-        """``hopeless`` before a guess is measured: the prior draft cost against the prior
-        curve of verify costs from the plain step. Not against the measured table: its wide
-        widths may rest on one slow first step (a batch shape's first decode), and a verdict
-        that never probes would never measure it again."""
-        plain, cost = self.rate(0), self.draft_cost()
-        if plain is None or cost is None:
-            return False
-        a = _OPTIMISTIC_ACCEPTANCE
-        for k in range(1, self.max_k + 1):
-            step = self._prior_step_cost(k)
-            if (
-                step is not None
-                and (self.others + self.expected_tokens(k, a)) / (k * cost + step) > plain * _MARGIN
-            ):
-                return False
-        return True
 
     def next_k(self) -> int:
         """The draft length for the coming round."""
