@@ -5,9 +5,10 @@ rows, and its choice at each row must be the one it would make decoding that tok
 each model and backend (the CPU, and every offload device this build sees: a GPU, or the
 software Vulkan lane with ``GGML_VK_VISIBLE_DEVICES=0``), a prompt is decoded, then the same
 ``rows`` tokens once as one batch and once one at a time; it prints the largest logit
-difference and how many rows' argmax differ. Usage::
+difference and how many rows' argmax differ, for each KV cache type in ``--kv`` (``auto``:
+Q8_0 keys and F16 values, modelhub's default; ``f16``: llama.cpp's). Usage::
 
-    python bench/exactness.py [--rows 2 5 9 17] [--json out.json]
+    python bench/exactness.py [--rows 2 5 9 17] [--kv auto f16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ from modelhub.engine.llama import LlamaModel, LoadPlacement  # noqa: E402
 PROMPT = "The lighthouse keeper logs the weather, trims the wick, and writes to his sister."
 
 
-def compare(model: LlamaModel, rows: int) -> dict[str, Any]:
+def compare(model: LlamaModel, rows: int, kv: str) -> dict[str, Any]:
     tokens = model.tokenize(PROMPT * 3, add_special=True, parse_special=False)
     prompt, check = tokens[:-rows], tokens[-rows:]
     results: list[np.ndarray] = []
     for batched in (True, False):
-        ctx = LlamaContext(model, n_ctx=512, n_batch=512, n_threads=2, kv_cache_type="auto")
+        ctx = LlamaContext(model, n_ctx=512, n_batch=512, n_threads=2, kv_cache_type=kv)
         try:
             ctx.decode(prompt, 0, logits="none")
             if batched:
@@ -61,6 +62,7 @@ def compare(model: LlamaModel, rows: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[2, 5, 9, 17])
+    parser.add_argument("--kv", nargs="+", default=["auto"], choices=["auto", "f16", "q8_0"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     backends: dict[str, LoadPlacement] = {"CPU": LoadPlacement(cpu_only=True)}
@@ -69,18 +71,26 @@ def main() -> None:
             backends[dev.label] = LoadPlacement(n_gpu_layers=999, devices=(dev.handle,))
     models = {"Q4_1": realmodels.smollm2_q4_1(), "Q8_0": realmodels.smollm2_q8_0()}
     report = []
-    print(f"{'backend':10} {'model':6} {'rows':>5} {'max |diff|':>11} {'argmax differs':>15}")
+    print(
+        f"{'backend':10} {'model':6} {'KV':5} {'rows':>5} {'max |diff|':>11} {'argmax differs':>15}"
+    )
     for backend, placement in backends.items():
         for name, path in models.items():
             model = LlamaModel(path, placement=placement)
             try:
-                for rows in args.rows:
-                    r = {"backend": backend, "model": name, **compare(model, rows)}
-                    report.append(r)
-                    print(
-                        f"{backend:10} {name:6} {rows:>5} {r['max_abs_diff']:>11.6f} "
-                        f"{r['argmax_differs']:>15}"
-                    )
+                for kv in args.kv:
+                    for rows in args.rows:
+                        r = {
+                            "backend": backend,
+                            "model": name,
+                            "kv": kv,
+                            **compare(model, rows, kv),
+                        }
+                        report.append(r)
+                        print(
+                            f"{backend:10} {name:6} {kv:5} {rows:>5} {r['max_abs_diff']:>11.6f} "
+                            f"{r['argmax_differs']:>15}"
+                        )
             finally:
                 model.close()
     if args.json:
