@@ -19,6 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# llama.cpp's library is loaded before NumPy's (the import order is alphabetical too): the
+# other way round, a CUDA build of llama-cpp-python crashed in its tokenizer (std::regex
+# calling a C++ library symbol that resolved to libggml-cuda's copy).
+import llama_cpp  # noqa: F401
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,6 +30,9 @@ class Slot:
     busy: bool = False
     recurrent: RecurrentState = field(default_factory=RecurrentState)  # see ``rollback``
     images: list[ImageSpan] = field(default_factory=list)  # the images in its KV sequence
+    _observed: tuple[list[Drafter], list[TargetObserver]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def drafter(self) -> Drafter | None:
@@ -37,8 +40,19 @@ class Slot:
         return self.members[0].drafter if self.defaults else None
 
     def observers(self) -> list[TargetObserver]:
-        """The drafters that follow every target decode (MTP heads, EAGLE-3, DFlash)."""
-        return [m.drafter for m in self.members if isinstance(m.drafter, TargetObserver)]
+        """The drafters that follow every target decode (MTP heads, EAGLE-3, DFlash); asked
+        every step, so kept for the members it was worked out for (a check against a runtime
+        protocol is slow enough to count on a GPU's step)."""
+        drafters = [m.drafter for m in self.members]
+        known = self._observed
+        if (
+            known is None
+            or len(known[0]) != len(drafters)
+            or any(a is not b for a, b in zip(known[0], drafters, strict=True))
+        ):
+            known = (drafters, [d for d in drafters if isinstance(d, TargetObserver)])
+            self._observed = known
+        return known[1]
 
     def keep_images(self, upto: int) -> None:
         """The cache was cut back to ``upto`` positions: forget the images past it."""

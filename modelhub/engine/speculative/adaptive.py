@@ -35,13 +35,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from modelhub.engine.speculative.costs import Ewma, VerifyCosts
+from modelhub.engine.speculative import costs
+from modelhub.engine.speculative.costs import PRIOR_ROW_SLOPE, Ewma, VerifyCosts
 
 # A plain round must lose by this factor before the controller prefers drafting; avoids
 # flapping where the two are within measurement noise.
 _MARGIN = 1.03
-# Assumed cost of each extra verified row, relative to a one-row decode, before it is measured.
-_PRIOR_ROW_SLOPE = 0.35
 # At most this share of plain-decoding time is spent on probes while drafting is off.
 _PROBE_BUDGET = 0.03
 # A probe drafts this many tokens: enough to measure acceptance, cheap when it fails.
@@ -83,6 +82,8 @@ class AdaptiveDraftLength:
         self.adaptive = adaptive
         self._cost_alpha = cost_alpha
         self._verify: VerifyCosts = {} if verify is None else verify
+        self._priced: dict[int, float | None] = {}  # verify_cost's answers at _priced_at
+        self._priced_at = -1
         self._draft = Ewma(cost_alpha)
         self._decay = acceptance_decay
         # The prior is one pseudo-trial; it fades with the evidence like any old round.
@@ -115,36 +116,15 @@ class AdaptiveDraftLength:
         return self._acc_hits / self._acc_trials if self._acc_trials > 0 else self._prior
 
     def verify_cost(self, rows: int) -> float | None:
-        """Estimated seconds of a step of ``rows`` rows (None until anything was measured).
-
-        Never less than the estimate for fewer rows: more rows cannot be cheaper, and noisy
-        measurements must not make a wider batch look free (for rated drafters ``record``
-        also keeps the estimates in order, the freshest measurement winning)."""
-        known = sorted((n, e.value) for n, e in self._verify.items() if e.value is not None)
-        if not known:
-            return None
-        running = 0.0
-        for i, (n, value) in enumerate(known):
-            running = max(running, value)
-            known[i] = (n, running)
-        for n, value in known:
-            if n == rows:
-                return value
-        below = [(n, v) for n, v in known if n < rows]
-        above = [(n, v) for n, v in known if n > rows]
-        if below and above:
-            (n0, v0), (n1, v1) = below[-1], above[0]
-            return v0 + (v1 - v0) * (rows - n0) / (n1 - n0)
-        if above:  # below every measurement: scale the smallest by the prior curve shape
-            n0, v0 = known[0]
-            s = _PRIOR_ROW_SLOPE
-            return v0 * (1.0 + s * (rows - 1)) / (1.0 + s * (n0 - 1))
-        if len(known) == 1:  # above the only measurement: the same scaling
-            n0, v0 = known[0]
-            s = _PRIOR_ROW_SLOPE
-            return v0 * (1.0 + s * (rows - 1)) / (1.0 + s * (n0 - 1))
-        (n0, v0), (n1, v1) = known[-2:]  # above: extend the last measured segment
-        return v1 + max(0.0, (v1 - v0) / (n1 - n0)) * (rows - n1)
+        """Estimated seconds of a step of ``rows`` rows (None until anything was measured):
+        :func:`costs.estimate`, kept until an estimate changes (for rated drafters
+        ``record`` also keeps the table in order, the freshest measurement winning)."""
+        if self._priced_at != costs.generation():
+            self._priced.clear()
+            self._priced_at = costs.generation()
+        if rows not in self._priced:
+            self._priced[rows] = costs.estimate(self._verify, rows)
+        return self._priced[rows]
 
     def expected_tokens(self, k: int, acceptance: float | None = None) -> float:
         a = self.acceptance if acceptance is None else acceptance
@@ -249,7 +229,7 @@ class AdaptiveDraftLength:
     def _prior_step_cost(self, k: int) -> float | None:
         """Seconds of the step with ``k`` drafts by the prior curve from the plain step."""
         one = self.step_cost(0)
-        return None if one is None else one * (1.0 + _PRIOR_ROW_SLOPE * k)
+        return None if one is None else one * (1.0 + PRIOR_ROW_SLOPE * k)
 
     # ---- decisions ---------------------------------------------------------------------------
     def _with_acceptance(self, acceptance: float) -> int:

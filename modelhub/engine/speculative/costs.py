@@ -3,12 +3,28 @@ verify costs a model's controllers share, as ``drafting_state`` saves and restor
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from typing import Any
 
 # A sample above this multiple of the running estimate counts as this multiple: one stalled
 # round (another process took the core for a second) must not rule plain decoding or drafting
 # out, while a real change of level is still followed within a few rounds.
 OUTLIER = 3.0
+# Assumed cost of each extra verified row, relative to a one-row decode, before it is measured.
+PRIOR_ROW_SLOPE = 0.35
+
+# A new number at every change of any Ewma's value (unique even across threads: next() on a
+# count holds the GIL): estimates derived under another number are stale.
+_changes = itertools.count()
+_generation = next(_changes)
+
+
+def generation() -> int:
+    """Changes whenever an estimate changes (see ``AdaptiveDraftLength.verify_cost``'s cache:
+    a round's decision prices every width several times, on a fast GPU step at a cost that
+    counts)."""
+    return _generation
 
 
 @dataclass
@@ -31,10 +47,46 @@ class Ewma:
             alpha = self.down_alpha if low and self.down_alpha is not None else self.alpha
             self.value += alpha * (sample - self.value)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        global _generation
+        object.__setattr__(self, name, value)
+        if name == "value":
+            _generation = next(_changes)
+
 
 VerifyCosts = dict[int, Ewma]
 """Seconds to decode and check n rows, per n: a property of the target and the batch it runs
 in, not of the drafter, so the controllers of a model's drafters share one table."""
+
+
+def estimate(costs: VerifyCosts, rows: int) -> float | None:
+    """Estimated seconds of a step of ``rows`` rows from the table (None: nothing measured).
+
+    Never less than the estimate for fewer rows: more rows cannot be cheaper, and noisy
+    measurements must not make a wider batch look free. Between measured widths the estimate
+    is interpolated; below the smallest, and above the only one, scaled by the prior curve;
+    above several, the last measured segment is extended."""
+    known = sorted((n, e.value) for n, e in costs.items() if e.value is not None)
+    if not known:
+        return None
+    running = 0.0
+    for i, (n, value) in enumerate(known):
+        running = max(running, value)
+        known[i] = (n, running)
+    for n, value in known:
+        if n == rows:
+            return value
+    below = [(n, v) for n, v in known if n < rows]
+    above = [(n, v) for n, v in known if n > rows]
+    if below and above:
+        (n0, v0), (n1, v1) = below[-1], above[0]
+        return v0 + (v1 - v0) * (rows - n0) / (n1 - n0)
+    if above or len(known) == 1:
+        n0, v0 = known[0]
+        s = PRIOR_ROW_SLOPE
+        return v0 * (1.0 + s * (rows - 1)) / (1.0 + s * (n0 - 1))
+    (n0, v0), (n1, v1) = known[-2:]
+    return v1 + max(0.0, (v1 - v0) / (n1 - n0)) * (rows - n1)
 
 
 def verify_costs_state(costs: VerifyCosts) -> dict[str, float]:
