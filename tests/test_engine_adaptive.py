@@ -281,3 +281,32 @@ def test_a_slow_first_wide_step_does_not_rule_out_a_small_draft_for_good() -> No
     assert not ctl.hopeless  # but the verdict is the prior's: probe
     res = simulate(ctl, PADDED, lambda r: 0.9, tokens=1000)
     assert np.median(res.ks[60:]) >= 3
+
+
+@dataclass
+class KernelSwitch(CostModel):
+    """One row takes the matrix-vector kernels, two or more the matrix ones: the step from one
+    row to two costs ``jump`` and each row after that ``per_row`` (the padded target on two
+    cores: 60 ms, 130 ms, then ~10 ms a row; here 60, 110, then 10)."""
+
+    jump: float = 0.0
+
+    def verify(self, rows: int) -> float:
+        return self.base if rows == 1 else self.base + self.jump + self.per_row * (rows - 2)
+
+
+def test_the_step_from_one_row_to_two_is_not_taken_for_the_slope() -> None:
+    """A probe of one draft measures a two-row step at twice a one-row one; extending that
+    segment would price nine rows at nine times one, and a small draft that pays at K = 8 would
+    never draft again (section (i) of bench/speculative.py: 2 drafts in 128 tokens against
+    1.31x for the same draft named by hand). Priced from the one-row cost by the prior curve
+    instead, the wide step is tried, measured, and kept."""
+    cost = KernelSwitch(base=0.060, per_row=0.010, draft=0.0067, jump=0.050)
+    ctl = AdaptiveDraftLength(8)
+    ctl.cost_prior = cost.draft / cost.verify(1)
+    ctl.record(0, 0, 0, 0.0, cost.verify(1))
+    ctl.record(1, 1, 1, cost.draft, cost.verify(2))  # the probe
+    assert ctl.verify_cost(9) is not None and ctl.verify_cost(9) < 9 * cost.verify(1) / 2
+    res = simulate(ctl, cost, lambda r: 0.9, tokens=600)
+    assert np.median(res.ks[20:]) >= 3
+    assert res.rate > 1.3 * baseline(cost)

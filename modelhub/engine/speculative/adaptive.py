@@ -4,7 +4,9 @@ Each round the engine reports how many tokens it asked for, how many the drafter
 many were accepted, and how long drafting and verification took. From that the controller keeps:
 
 - ``verify cost``: seconds of a decode step of n rows, per n (EWMA), interpolated between the
-  n values measured and extrapolated linearly beyond them; alone, n is the round's own rows;
+  n values measured and extrapolated linearly beyond them (where the two widest measured are
+  one and two rows, by the prior curve from the one-row cost: ``costs.estimate``); alone, n is
+  the round's own rows;
 - ``draft cost``: seconds per proposed draft token (EWMA);
 - ``acceptance`` a: the per-draft probability of being kept, estimated as if acceptance were
   geometric (a round that keeps j of k drafts contributes j successes and one failure if j < k),

@@ -65,7 +65,12 @@ def estimate(costs: VerifyCosts, rows: int) -> float | None:
     Never less than the estimate for fewer rows: more rows cannot be cheaper, and noisy
     measurements must not make a wider batch look free. Between measured widths the estimate
     is interpolated; below the smallest, and above the only one, scaled by the prior curve;
-    above several, the last measured segment is extended."""
+    above several, the last measured segment is extended, unless it starts at one row: a
+    one-row decode takes other kernels (llama.cpp's matrix-vector path, a CUDA graph), so the
+    step to two rows is a switch, not a slope (measured: 60 ms to 130 ms for the padded
+    target on two cores, whose 5- and 9-row steps cost far less than that slope says). Then
+    wider steps are priced by the prior curve from the one-row cost, never below the widest
+    measured."""
     known = sorted((n, e.value) for n, e in costs.items() if e.value is not None)
     if not known:
         return None
@@ -86,6 +91,8 @@ def estimate(costs: VerifyCosts, rows: int) -> float | None:
         s = PRIOR_ROW_SLOPE
         return v0 * (1.0 + s * (rows - 1)) / (1.0 + s * (n0 - 1))
     (n0, v0), (n1, v1) = known[-2:]
+    if n0 == 1:
+        return max(v1, v0 * (1.0 + PRIOR_ROW_SLOPE * (rows - 1)))
     return v1 + max(0.0, (v1 - v0) / (n1 - n0)) * (rows - n1)
 
 
