@@ -100,6 +100,7 @@ def test_every_layer_is_offloaded_and_reported(daemon: Daemon) -> None:
         entry = _ps(c, "gpu")
         assert entry["devices"] == DEVICES, entry
         assert entry["layers_offloaded"] == 31, entry  # 30 blocks and the output layer
+        assert entry["kv_cache_type"] == "f16", entry  # auto: F16 on a GPU (engine.offload)
         assert 0 < entry["size_vram"] <= entry["size"], entry
         runtime = c.post("/api/show", json={"model": "gpu"}).json()["runtime"]
         assert runtime["devices"] == DEVICES and runtime["layers_offloaded"] == 31, runtime
@@ -109,6 +110,7 @@ def test_every_layer_is_offloaded_and_reported(daemon: Daemon) -> None:
         assert _generate(c, "cpu", "The sky is")["eval_count"] > 0
         entry = _ps(c, "cpu")
         assert entry["size_vram"] == 0 and entry["layers_offloaded"] == 0, entry
+        assert entry["kv_cache_type"] == "auto", entry
         assert "100% CPU" in daemon.cli("ps").stdout
 
 

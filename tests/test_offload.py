@@ -118,3 +118,15 @@ def test_draft_files_go_to_local_accelerators_only() -> None:
     no_repack = LoadPlacement(False, cpu_only=True)
     assert Offload(0, [], "num_gpu 0").draft(RepackDecision(False, "x")) == no_repack
     assert rpc.label == "RPC0[10.0.0.2:50052]" and cuda.label == "CUDA0"
+
+
+def test_the_auto_kv_cache_is_f16_where_the_layers_are_on_a_local_gpu() -> None:
+    """``auto``'s Q8_0 keys buy exactness on the CPU backend only (RPC workers run it too):
+    with layers on a GPU the target's cache is F16; a type asked for by name is kept."""
+    cuda = Device(1, "CUDA0", "NVIDIA H200", "gpu", 100 * MIB, 140 * MIB, handle=11)
+    rpc = Device(2, "RPC0", "10.0.0.2:50052", "gpu", 100 * MIB, 100 * MIB, handle=22)
+    assert Offload(31, [cuda], "automatic").kv_cache_type("auto") == "f16"
+    assert Offload(10, [cuda, rpc], "num_gpu 10").kv_cache_type("auto") == "f16"
+    assert Offload(31, [rpc], "automatic").kv_cache_type("auto") == "auto"
+    assert Offload(0, [], "num_gpu 0").kv_cache_type("auto") == "auto"
+    assert Offload(31, [cuda], "automatic").kv_cache_type("q8_0") == "q8_0"

@@ -147,7 +147,7 @@ class Engine:
         cfg = self.cfg
         train = self.model.n_ctx_train
         n_ctx = min(cfg.n_ctx, train) if train > 0 else cfg.n_ctx
-        self.kv_cache_type = cfg.kv_cache_type
+        self.kv_cache_type = self.offload.kv_cache_type(cfg.kv_cache_type)
         if self.kv_cache_type != "f16" and self.model.head_size_k() % 32:
             # Q8_0/Q4_0 keys need heads of a multiple of 32 (llama.cpp refuses others).
             log.info("head size %d: F16 KV cache", self.model.head_size_k())

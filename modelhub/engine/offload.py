@@ -38,6 +38,15 @@ class Offload:
         """The devices a draft file goes to (see :meth:`draft`)."""
         return [d for d in self.devices if not d.is_rpc] if self.n_gpu_layers else []
 
+    def kv_cache_type(self, requested: str) -> str:
+        """The target's KV cache type: ``auto`` is F16 where its layers are on a local GPU.
+
+        ``auto``'s Q8_0 keys make verification bit-exact on the CPU only (a GPU's batched
+        kernels differ anyway: bench/exactness.py), and a stock CUDA build has no
+        flash-attention kernel for Q8_0 keys with F16 values: it converts the cache at every
+        step (on an H200, F16 decoded 1.15x faster at 4k-8k tokens: bench/README.md)."""
+        return "f16" if requested == "auto" and self.draft_devices else requested
+
     def draft(self, repack: RepackDecision) -> LoadPlacement:
         """Where a draft file goes: wholly on the local accelerators when the target uses
         them (a draft must be cheap, so never on RPC workers: a round trip per drafted

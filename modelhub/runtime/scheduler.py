@@ -266,8 +266,9 @@ class Scheduler:
             memory=memory,
         )
         served = loaded.n_parallel  # the engine may serve fewer (a caller's drafter: one)
-        if served < sequences:
-            loaded.memory = spec.memory.with_sequences(served, self.kv_cache_type)
+        kv_type = str(info.get("kv_cache_type") or self.kv_cache_type)  # auto: F16 on a GPU
+        if served < sequences or kv_type != self.kv_cache_type:
+            loaded.memory = spec.memory.with_sequences(served, kv_type)
         placement = info.get("placement") or {}
         on_devices, placed = int(placement.get("size_device") or 0), int(placement.get("size") or 0)
         if on_devices > 0 and placed > 0:  # only the part left in this machine's memory counts

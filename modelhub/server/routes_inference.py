@@ -348,7 +348,7 @@ async def ps(request: Request) -> Response:
             "queued": loaded.queued,
         }
         if loaded.info.get("default_drafters") or config.get("draft_kind", "none") != "none":
-            entry["draft"] = ps_draft(loaded, config, state.settings.kv_cache_type)
+            entry["draft"] = ps_draft(loaded, config, entry["kv_cache_type"])
         if spec.note:  # loaded without its draft models (memory)
             entry["draft_note"] = spec.note
         models.append(entry)
