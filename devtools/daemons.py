@@ -104,16 +104,19 @@ def daemon_env(models: Path, port: int, extra_env: dict[str, str] | None = None)
     It inherits this process's environment without any ``MODELHUB_*`` variable, so that a
     developer's settings never reach it (session-scoped fixtures start before the per-test
     environment cleanup in ``tests/conftest.py``), then sets what the daemon needs: its address,
-    its store, no autostart, a config file that does not exist, and ``extra_env``.
+    its store, no autostart, a config file that does not exist, and ``extra_env``. The checkout
+    comes first on its ``PYTHONPATH``, then this process's own (packages installed beside the
+    interpreter's, as bench/cuda.sh does on a machine without network).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELHUB_")}
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env.update(
         {
             "MODELHUB_HOST": f"127.0.0.1:{port}",
             "MODELHUB_MODELS": str(models),
             "MODELHUB_NO_AUTOSTART": "1",
             "MODELHUB_CONFIG": str(models.parent / "no-config.yaml"),
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
         }
     )
     env.update(extra_env or {})
