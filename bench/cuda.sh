@@ -4,7 +4,9 @@
 #
 #   bash bench/cuda.sh prepare DIR   # here (network): DIR/1 and DIR/2, the two loads to carry
 #   bash bench/cuda.sh build DIR/1   # there: build llama-cpp-python with CUDA, install the rest
-#   bash bench/cuda.sh bench DIR/2 [SECONDS]  # there, same machine: the benches ($OUT)
+#   bash bench/cuda.sh bench DIR/2 [SECONDS]  # there, same machine: the benches
+#
+# Logs and results go to $OUT (default bench/results/cuda).
 #
 # Two loads because a transfer is capped below SmolLM2 Q4_1's 98 MB: load 1 carries the
 # llama-cpp-python source (stripped of llama.cpp's docs, model vocabularies, tests and git
@@ -18,6 +20,8 @@ cd "$(dirname "$0")/.."
 stage=${1:?prepare, build or bench}
 dir=${2:?a folder}
 work=/tmp/modelhub-cuda  # kept between the two calls on the same machine
+out=${OUT:-bench/results/cuda}  # logs and results
+mkdir -p "$out"
 version=$(sed -n 's/^VERSION = "\(.*\)".*/\1/p' devtools/llama_wheel.py)
 split=44000000  # bytes of the model in load 1
 
@@ -111,8 +115,8 @@ build() {
   echo "CMake options for this toolkit: ${extra:-none}"
   CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 $extra" \
     CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip wheel -q --no-build-isolation --no-deps \
-    -w "$work/wheel" "$work/llama_cpp_python-$version" >"$OUT/build.log" 2>&1 \
-    || { tail -60 "$OUT/build.log"; exit 1; }
+    -w "$work/wheel" "$work/llama_cpp_python-$version" >"$out/build.log" 2>&1 \
+    || { tail -60 "$out/build.log"; exit 1; }
   echo "llama-cpp-python $version with CUDA: built in $((SECONDS - start)) s on $(nproc) cores"
   python3 -m pip install -q --no-index --no-deps --target "$work/site" "$work"/wheel/*.whl
   LD_LIBRARY_PATH=$(cuda_library_path) python3 -c \
@@ -130,16 +134,16 @@ bench() {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
   local threads=8 status=0
   # Each bench under its own share of the budget, the most telling first, so that one that runs
-  # long still leaves the others their time; what each printed is in $OUT.
+  # long still leaves the others their time; what each printed is in $out.
   timeout $((budget * 10 / 100)) python3 bench/exactness.py --kv auto f16 \
-    --json "$OUT/exactness.json" 2>&1 | tee "$OUT/exactness.log" || status=1
+    --json "$out/exactness.json" 2>&1 | tee "$out/exactness.log" || status=1
   timeout $((budget * 45 / 100)) python3 bench/speculative.py --sections acei --runs 2 \
-    --tokens 128 --threads "$threads" --json "$OUT/speculative.json" 2>&1 \
-    | tee "$OUT/speculative.log" || status=1
+    --tokens 128 --threads "$threads" --json "$out/speculative.json" 2>&1 \
+    | tee "$out/speculative.log" || status=1
   timeout $((budget * 35 / 100)) python3 bench/serving.py --concurrency --repeats 1 --prompts 2 \
-    --threads "$threads" --out "$OUT/serving.json" 2>&1 | tee "$OUT/serving.log" || status=1
+    --threads "$threads" --out "$out/serving.json" 2>&1 | tee "$out/serving.log" || status=1
   timeout $((budget * 10 / 100)) python3 bench/kvcache.py --runs 1 --threads "$threads" \
-    --json "$OUT/kvcache.json" 2>&1 | tee "$OUT/kvcache.log" || status=1
+    --json "$out/kvcache.json" 2>&1 | tee "$out/kvcache.log" || status=1
   return $status
 }
 
