@@ -292,10 +292,13 @@ def test_when_memory_is_short_the_draft_model_goes_first(tmp_path: Path) -> None
     try:
         with d.client() as c:
             drafted = generate(c, "tiny-target", {"temperature": 0, "num_predict": 8}, "the cat")
-            size = c.get("/api/ps").json()["models"][0]["draft"]["size"]
+            entry = c.get("/api/ps").json()["models"][0]
     finally:
         d.stop()
     assert "draft_note" not in drafted and drafted["response"] == answer["response"]
-    assert size == full - lean
+    kv = entry["kv_cache_type"]  # the type in use: F16 (the tiny model's heads are not 32 wide)
+    assert kv == "f16"
+    in_use = plan_.spec.memory.with_sequences(1, kv).total
+    assert entry["draft"]["size"] == in_use - plan_.spec.lean.memory.with_sequences(1, kv).total
     assert "'tiny-draft:latest' was not loaded" in answer["draft_note"], answer
     assert "not loaded" in ps[0]["draft_note"] and ps[0]["draft"]["drafters"] == ["ngram"]

@@ -85,7 +85,7 @@ def ps_draft(loaded: Loaded, config: dict[str, Any], kv_cache_type: str) -> dict
     }
     lean = loaded.spec.lean
     if lean is not None:  # the draft models' share of the estimate (weights, KV, compute)
-        n = loaded.n_parallel  # as the scheduler planned it (MODELHUB_KV_CACHE_TYPE)
+        n = loaded.n_parallel  # as loaded, in the KV cache type in use (``kv_cache_type``)
         full = loaded.spec.memory.with_sequences(n, kv_cache_type).total
         out["size"] = max(0, full - lean.memory.with_sequences(n, kv_cache_type).total)
     if tally.checked:
