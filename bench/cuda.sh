@@ -142,6 +142,7 @@ bench() {
     | tee "$out/speculative.log" || status=1
   timeout $((budget * 35 / 100)) python3 bench/serving.py --concurrency --repeats 1 --prompts 2 \
     --threads "$threads" --out "$out/serving.json" 2>&1 | tee "$out/serving.log" || status=1
+  # (auto is F16 where the layers are on a GPU since these figures: both columns are F16 now)
   timeout $((budget * 10 / 100)) python3 bench/kvcache.py --runs 1 --threads "$threads" \
     --json "$out/kvcache.json" 2>&1 | tee "$out/kvcache.log" || status=1
   return $status
