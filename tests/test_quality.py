@@ -202,8 +202,6 @@ MAX_FUNCTION_LINES = 80
 LONG_MODULES: set[str] = set()  # none: routes_openai.py was split (issue 22)
 LONG_FUNCTIONS = {
     "modelhub/modelfile/parser.py:parse_modelfile",  # one state machine, as Ollama's parser
-    "modelhub/runtime/planning.py:plan",  # temporary: becomes the typed load plan (issue 22)
-    "modelhub/cli/run.py:run",  # temporary: being edited for images (issue 23)
 }
 
 

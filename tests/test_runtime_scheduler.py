@@ -44,7 +44,7 @@ def test_a_sigill_with_repacking_restarts_the_runner_without_it(
     async def scenario() -> None:
         scheduler = Scheduler(runner_factory=made)
         async with scheduler.use(spec(model, n_ctx=256), keep_alive=None) as loaded:
-            assert loaded.info["repack"] is False
+            assert loaded.info.repack is False
             assert loaded.process is made.made[1]
         faulted = made.made[0]
         assert faulted.illegal_instruction and faulted.proc is not None

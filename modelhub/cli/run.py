@@ -194,12 +194,7 @@ def run(
     """
     keep_alive = keep_alive_value(keepalive) if keepalive is not None else None
     thinking = think_value(think)
-    parts = list(prompt)
-    interactive = not parts and is_terminal(sys.stdin) and is_terminal(sys.stdout)
-    if not is_terminal(sys.stdin):
-        piped = sys.stdin.read()
-        if piped:
-            parts.insert(0, piped)
+    parts, interactive = _prompt_parts(prompt)
     client = connect()
     info = ensure_model(client, model, insecure=insecure)
     if interactive:
@@ -231,6 +226,18 @@ def run(
         err=sys.stderr,
         show_thinking=not hidethinking,
     )
+
+
+def _prompt_parts(prompt: tuple[str, ...]) -> tuple[list[str], bool]:
+    """The prompt's words with text piped on stdin first, and whether to chat instead (no
+    prompt, a terminal on both ends)."""
+    parts = list(prompt)
+    interactive = not parts and is_terminal(sys.stdin) and is_terminal(sys.stdout)
+    if not is_terminal(sys.stdin):
+        piped = sys.stdin.read()
+        if piped:
+            parts.insert(0, piped)
+    return parts, interactive
 
 
 def think_value(flag: str | None) -> bool | str | None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from modelhub.engine import devices
 from modelhub.engine.cpu import RepackDecision
 from modelhub.engine.devices import Device
 from modelhub.engine.llama import LoadPlacement
 from modelhub.engine.native import allocated_buffers, offloaded_layers
+from modelhub.engine.protocol import PlacementReport
 from modelhub.gguf.info import read_gguf_info
 
 log = logging.getLogger("modelhub.offload")
@@ -74,14 +74,15 @@ class Placement:
     def total_bytes(self) -> int:
         return sum(self.by_buffer.values())
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "buffers": dict(self.by_buffer),
-            "layers_offloaded": self.layers[0] if self.layers else 0,
-            "layers_total": self.layers[1] if self.layers else 0,
-            "size_device": self.device_bytes,
-            "size": self.total_bytes,
-        }
+    def report(self) -> PlacementReport:
+        """As the ``loaded`` event carries it to the daemon."""
+        return PlacementReport(
+            buffers=dict(self.by_buffer),
+            layers_offloaded=self.layers[0] if self.layers else 0,
+            layers_total=self.layers[1] if self.layers else 0,
+            size_device=self.device_bytes,
+            size=self.total_bytes,
+        )
 
 
 def _on_host(buffer: str) -> bool:

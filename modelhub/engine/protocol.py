@@ -199,6 +199,16 @@ class Alive(Message):
     event: Literal["alive"] = "alive"
 
 
+class PlacementReport(Message):
+    """What llama.cpp allocated for the target, per buffer (``engine.offload.Placement``)."""
+
+    buffers: dict[str, int] = Field(default_factory=dict)
+    layers_offloaded: int = 0
+    layers_total: int = 0
+    size_device: int = 0  # bytes on offload devices (a GPU, RPC workers)
+    size: int = 0  # bytes in all buffers
+
+
 class Loaded(Message):
     event: Literal["loaded"] = "loaded"
     pid: int
@@ -208,7 +218,7 @@ class Loaded(Message):
     repack_reason: str = ""
     n_parallel: int = 1
     kv_cache_type: str = ""
-    placement: dict[str, Any] = Field(default_factory=dict)
+    placement: PlacementReport = Field(default_factory=PlacementReport)
     offload: str = ""
     devices: list[str] = Field(default_factory=list)
     draft_devices: list[str] = Field(default_factory=list)

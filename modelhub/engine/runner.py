@@ -192,7 +192,7 @@ class Runner:
                 repack_reason=engine.repack.reason,
                 n_parallel=engine.n_parallel,
                 kv_cache_type=engine.kv_cache_type,
-                placement=engine.placement.as_json(),
+                placement=engine.placement.report(),
                 offload=engine.offload.reason,
                 devices=[d.label for d in engine.offload.devices],
                 draft_devices=[d.label for d in engine.offload.draft_devices],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from modelhub.engine import protocol as p
 from modelhub.engine.load_config import LoadConfig
 from modelhub.library.damage import check_load_files
 from modelhub.runtime.runner_process import RunnerProcess
@@ -27,6 +28,6 @@ class CheckedRunner(RunnerProcess):
         super().__init__(label)
         self.store = store
 
-    async def start(self, config: LoadConfig, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    async def start(self, config: LoadConfig, *args: Any, **kwargs: Any) -> p.Loaded:
         await asyncio.to_thread(check_load_files, self.store, self.label, config.model_dump())
         return await super().start(config, *args, **kwargs)

@@ -149,17 +149,7 @@ def plan(
     if view.model_path is None or view.info is None:
         raise InputError(f"model '{view.name.display}' has no GGUF weights to load")
     opts = merged_options(view, request_options)
-    trained = view.info.context_length or 0
-    num_ctx = int(opts.get("num_ctx") or 0) or num_ctx
-    if trained and num_ctx > trained:
-        if "num_ctx" in (request_options or {}) or "num_ctx" in view.parameters:
-            raise InputError(
-                f"num_ctx {num_ctx} exceeds the context length {trained} that "
-                f"'{view.name.display}' was trained for; use num_ctx <= {trained}"
-            )
-        num_ctx = trained
-    num_ctx = max(num_ctx, 16)
-
+    num_ctx = _context_size(view, opts, request_options, num_ctx)
     draft = _draft_config(view, drafting)
     bound = int(draft.config["draft_num_predict"])
     config: dict[str, Any] = {
@@ -189,16 +179,7 @@ def plan(
         config["projector_path"] = str(view.projector_paths[-1])
     if config["n_batch"] < bound + 1:
         raise InputError(f"num_batch {config['n_batch']} must be at least draft_num_predict + 1")
-    runtime = {k: opts[k] for k in RUNTIME_KEYS if k in opts}
-    if prediction:
-        # A request with a prediction drafts from it whatever the model's DRAFT is.
-        limit = int(runtime.get("draft_num_predict", PREDICTION_DRAFT_LEN))
-        runtime["draft_num_predict"] = min(limit, config["n_batch"] - 1)
-    elif "draft_num_predict" in runtime:
-        runtime["draft_num_predict"] = min(int(runtime["draft_num_predict"]), bound)
-    _check_draft_option(view, runtime, draft.names)
-    if "stop" in runtime and isinstance(runtime["stop"], str):
-        runtime["stop"] = [runtime["stop"]]
+    runtime = _runtime_options(view, opts, draft.names, prediction, config["n_batch"], bound)
     details = view.details()
     base = estimate(view.info, num_ctx, config["n_batch"])
     base = base + adapters_estimate([a.size for a in view.adapters + view.projectors[-1:]])
@@ -222,6 +203,45 @@ def plan(
         lean = spec_of(lean_config, base, note=note)
     spec = spec_of(config, memory, lean=lean)
     return Plan(spec=spec, options=runtime, draft_kind=draft.kind, drafters=draft.names)
+
+
+def _context_size(
+    view: ModelView, opts: dict[str, Any], asked: dict[str, Any] | None, default: int
+) -> int:
+    """The context to load: the options', else ``default``, capped at the trained length
+    (beyond it only when nobody set it: a ``num_ctx`` set too long is refused)."""
+    trained = (view.info.context_length if view.info else 0) or 0
+    num_ctx = int(opts.get("num_ctx") or 0) or default
+    if trained and num_ctx > trained:
+        if "num_ctx" in (asked or {}) or "num_ctx" in view.parameters:
+            raise InputError(
+                f"num_ctx {num_ctx} exceeds the context length {trained} that "
+                f"'{view.name.display}' was trained for; use num_ctx <= {trained}"
+            )
+        num_ctx = trained
+    return max(num_ctx, 16)
+
+
+def _runtime_options(
+    view: ModelView,
+    opts: dict[str, Any],
+    drafters: list[str],
+    prediction: bool,
+    n_batch: int,
+    bound: int,
+) -> dict[str, Any]:
+    """The options each request sends to the runner (``RUNTIME_KEYS``), checked."""
+    runtime = {k: opts[k] for k in RUNTIME_KEYS if k in opts}
+    if prediction:
+        # A request with a prediction drafts from it whatever the model's DRAFT is.
+        limit = int(runtime.get("draft_num_predict", PREDICTION_DRAFT_LEN))
+        runtime["draft_num_predict"] = min(limit, n_batch - 1)
+    elif "draft_num_predict" in runtime:
+        runtime["draft_num_predict"] = min(int(runtime["draft_num_predict"]), bound)
+    _check_draft_option(view, runtime, drafters)
+    if "stop" in runtime and isinstance(runtime["stop"], str):
+        runtime["stop"] = [runtime["stop"]]
+    return runtime
 
 
 @dataclass

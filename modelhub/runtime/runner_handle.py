@@ -13,7 +13,7 @@ final one (an ``ErrorEvent`` carries its class: ``engine.protocol.raise_if_error
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from modelhub.engine import protocol as p
 from modelhub.engine.load_config import LoadConfig
@@ -33,8 +33,8 @@ class RunnerHandle(Protocol):
 
     async def start(
         self, config: LoadConfig, timeout: float = 300, *, silence_limit: float = 0
-    ) -> dict[str, Any]:
-        """Load; the ``loaded`` event's fields, or the load's error (nothing left running)."""
+    ) -> p.Loaded:
+        """Load; the ``loaded`` event, or the load's error (nothing left running)."""
 
     def request(self, msg: p.Job) -> AsyncIterator[p.Event]:
         """Send one request and yield its events until the final one."""

@@ -51,7 +51,7 @@ class RunnerProcess:
         self.line_limit = line_limit
         self.proc: asyncio.subprocess.Process | None = None
         self.pending: dict[str, asyncio.Queue[p.Event]] = {}
-        self.loaded: asyncio.Future[dict[str, Any]] | None = None
+        self.loaded: asyncio.Future[p.Loaded] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.stderr_task: asyncio.Task[None] | None = None
         self.watchdog: asyncio.Task[None] | None = None
@@ -59,7 +59,6 @@ class RunnerProcess:
         self.exit_code: int | None = None
         self.exit_reason = ""
         self.repack: bool | None = None  # what the runner was told (None: its own choice)
-        self.info: dict[str, Any] = {}
         self.log_lines = RunnerLog()
         self.heard: float | None = None  # event-loop time of the last line from the runner
         self.failure: str | None = None  # why the daemon killed a running runner
@@ -76,7 +75,7 @@ class RunnerProcess:
 
     async def start(
         self, config: LoadConfig, timeout: float = 300, *, silence_limit: float = 0
-    ) -> dict[str, Any]:
+    ) -> p.Loaded:
         """Start the runner and load; on any failure (or cancellation) the process is gone.
         ``silence_limit`` > 0: kill the runner when it has said nothing for that long."""
         try:
@@ -85,9 +84,7 @@ class RunnerProcess:
             await self.kill()
             raise
 
-    async def _start(
-        self, config: LoadConfig, timeout: float, silence_limit: float
-    ) -> dict[str, Any]:
+    async def _start(self, config: LoadConfig, timeout: float, silence_limit: float) -> p.Loaded:
         self.repack = config.repack
         env = dict(os.environ)
         # ggml prints a backtrace (attaching gdb where installed) before it aborts: slow, and
@@ -112,12 +109,11 @@ class RunnerProcess:
             self.watchdog = asyncio.create_task(self._watch(silence_limit))
         await self._send(p.Load(config=config))
         try:
-            self.info = await asyncio.wait_for(asyncio.shield(self.loaded), timeout)
+            return await asyncio.wait_for(asyncio.shield(self.loaded), timeout)
         except TimeoutError:
             raise RunnerCrashedError(
                 f"loading {self.label} took longer than {timeout:.0f} s"
             ) from None
-        return self.info
 
     async def _send(self, msg: dict[str, Any] | p.Message) -> None:
         """Send one request (a dict is checked against the protocol first)."""
@@ -173,7 +169,7 @@ class RunnerProcess:
         if isinstance(event, p.Loaded | p.LoadError):
             if self.loaded is not None and not self.loaded.done():
                 if isinstance(event, p.Loaded):
-                    self.loaded.set_result(event.wire())
+                    self.loaded.set_result(event)
                 else:
                     self.loaded.set_exception(event.exception(f"loading {self.label} failed: "))
             return

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelhub.config import DEFAULT_RUNNER_TIMEOUT
+from modelhub.engine import protocol as p
 from modelhub.errors import InsufficientMemoryError, RunnerCrashedError, ServerBusyError
 from modelhub.runtime.loadspec import DraftTally, LoadSpec
 from modelhub.runtime.memory import MemoryEstimate, available_bytes, gib
@@ -52,12 +53,12 @@ class Loaded:
     spec: LoadSpec
     process: RunnerHandle
     keep_alive: float
+    info: p.Loaded  # what the runner reported when it had loaded
     loaded_at: float = field(default_factory=time.time)
     active: int = 0
     expires_at: float = FOREVER
     last_used: float = field(default_factory=time.monotonic)
     timer: asyncio.TimerHandle | None = None
-    info: dict[str, Any] = field(default_factory=dict)
     memory: MemoryEstimate = field(default_factory=MemoryEstimate)  # with every sequence's KV
     slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     running: int = 0
@@ -70,7 +71,7 @@ class Loaded:
 
     @property
     def n_parallel(self) -> int:
-        return int(self.info.get("n_parallel") or 1)
+        return self.info.n_parallel or 1
 
 
 class Scheduler:
@@ -201,7 +202,7 @@ class Scheduler:
         """The runner loaded for ``spec``, if it can still serve (a dead one is dropped)."""
         loaded = self.runners.get(spec.key)
         if loaded is not None and not loaded.usable:
-            if loaded.process.illegal_instruction and loaded.info.get("repack"):
+            if loaded.process.illegal_instruction and loaded.info.repack:
                 self._repack_faulted(loaded.spec.name)
             await self._drop(loaded)
             return None
@@ -255,7 +256,7 @@ class Scheduler:
                 config.with_(repack=False), silence_limit=self.runner_timeout
             )
         if self.repack is None:  # the first runner decided for this machine: tell the next ones
-            self.repack = bool(info.get("repack", True))
+            self.repack = info.repack
         log.info("loaded %s in %.2f s (pid %s)", spec.name, time.monotonic() - started, process.pid)
         self.loads_total += 1
         loaded = Loaded(
@@ -266,11 +267,10 @@ class Scheduler:
             memory=memory,
         )
         served = loaded.n_parallel  # the engine may serve fewer (a caller's drafter: one)
-        kv_type = str(info.get("kv_cache_type") or self.kv_cache_type)  # auto: F16 on a GPU
+        kv_type = info.kv_cache_type or self.kv_cache_type  # auto: F16 on a GPU
         if served < sequences or kv_type != self.kv_cache_type:
             loaded.memory = spec.memory.with_sequences(served, kv_type)
-        placement = info.get("placement") or {}
-        on_devices, placed = int(placement.get("size_device") or 0), int(placement.get("size") or 0)
+        on_devices, placed = info.placement.size_device, info.placement.size
         if on_devices > 0 and placed > 0:  # only the part left in this machine's memory counts
             loaded.memory = loaded.memory.scaled(1.0 - on_devices / placed)
         loaded.slots = asyncio.Semaphore(served)

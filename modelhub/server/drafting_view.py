@@ -74,10 +74,10 @@ def ps_draft(loaded: Loaded, config: dict[str, Any], kv_cache_type: str) -> dict
         # A fixed drafter by the kind show and the Modelfile use (``mtp_drafter`` for a Gemma 4
         # assistant, which the engine runs as ``mtp``); else auto or none.
         "kind": config.get("draft_name") or config["draft_kind"],
-        "drafters": list(loaded.info.get("default_drafters") or []),
+        "drafters": list(loaded.info.default_drafters),
         "draft_num_predict": config.get("draft_num_predict"),
         "adaptive": bool(config.get("adaptive", True)),
-        "devices": list(loaded.info.get("draft_devices") or []),
+        "devices": list(loaded.info.draft_devices),
         "tokens": tally.tokens,
         "drafted_tokens": tally.drafted,
         "draft_count": tally.checked,

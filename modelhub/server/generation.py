@@ -131,7 +131,7 @@ def runner_counter(loaded: Loaded, extra: dict[str, Any] | None = None) -> Count
 
 def context_size(loaded: Loaded) -> int:
     """The context the runner has (llama.cpp may round it; the trained length caps it)."""
-    return int(loaded.info.get("n_ctx") or loaded.spec.config.n_ctx)
+    return loaded.info.n_ctx or loaded.spec.config.n_ctx
 
 
 def ndjson(obj: dict[str, Any]) -> bytes:

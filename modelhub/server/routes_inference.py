@@ -325,11 +325,11 @@ async def ps(request: Request) -> Response:
             expires = now + loaded.keep_alive
         # Forever (and anything a clock cannot hold) shows as the farthest deadline there is.
         expires = min(expires, now + MAX_DURATION_SECONDS)
-        placement = loaded.info.get("placement") or {}
-        on_devices = int(placement.get("size_device") or 0)
+        info = loaded.info
+        on_devices = info.placement.size_device
         # With layers on devices, what llama.cpp allocated for the target here and there (the
         # runner's RSS would count mapped pages of offloaded weights and miss the devices).
-        size = int(placement.get("size") or 0) if on_devices else int(loaded.info.get("rss") or 0)
+        size = info.placement.size if on_devices else info.rss
         entry: dict[str, Any] = {
             "name": spec.name,
             "model": spec.name,
@@ -338,16 +338,16 @@ async def ps(request: Request) -> Response:
             "details": details,
             "expires_at": datetime.fromtimestamp(expires).astimezone().isoformat(),
             "size_vram": on_devices,
-            "context_length": int(loaded.info.get("n_ctx") or config["n_ctx"]),
-            "repack": bool(loaded.info.get("repack", True)),
+            "context_length": info.n_ctx or config["n_ctx"],
+            "repack": info.repack,
             "num_parallel": loaded.n_parallel,
-            "kv_cache_type": str(loaded.info.get("kv_cache_type") or "auto"),
-            "devices": list(loaded.info.get("devices") or []),
-            "layers_offloaded": int(placement.get("layers_offloaded") or 0),
+            "kv_cache_type": info.kv_cache_type or "auto",
+            "devices": list(info.devices),
+            "layers_offloaded": info.placement.layers_offloaded,
             "running": loaded.running,
             "queued": loaded.queued,
         }
-        if loaded.info.get("default_drafters") or config.get("draft_kind", "none") != "none":
+        if info.default_drafters or config.get("draft_kind", "none") != "none":
             entry["draft"] = ps_draft(loaded, config, entry["kv_cache_type"])
         if spec.note:  # loaded without its draft models (memory)
             entry["draft_note"] = spec.note

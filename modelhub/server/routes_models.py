@@ -157,13 +157,13 @@ async def show(request: Request) -> Response:
         payload["drafting"] = await drafting_payload(state, view)
     for loaded in state.scheduler.snapshot():  # loaded now: where llama.cpp placed it
         if loaded.spec.digest == view.stored.digest:
-            placement = loaded.info.get("placement") or {}
+            info = loaded.info
             payload["runtime"] = {
-                "offload": loaded.info.get("offload", ""),
-                "devices": list(loaded.info.get("devices") or []),
-                "layers_offloaded": int(placement.get("layers_offloaded") or 0),
-                "size_vram": int(placement.get("size_device") or 0),
-                "draft_devices": list(loaded.info.get("draft_devices") or []),
+                "offload": info.offload,
+                "devices": list(info.devices),
+                "layers_offloaded": info.placement.layers_offloaded,
+                "size_vram": info.placement.size_device,
+                "draft_devices": list(info.draft_devices),
             }
             break
     return JSONResponse(payload)

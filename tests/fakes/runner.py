@@ -65,7 +65,7 @@ class FakeRunner:
 
     async def start(
         self, config: LoadConfig, timeout: float = 300, *, silence_limit: float = 0
-    ) -> dict[str, Any]:
+    ) -> p.Loaded:
         load = p.decode_request(p.Load(config=config).encode())  # as the pipe carries it
         self.received.append(load)
         await asyncio.sleep(self.script.load_delay)
@@ -81,8 +81,11 @@ class FakeRunner:
             n_ctx=self.script.n_ctx or config.n_ctx,
             n_parallel=self.script.n_parallel or asked,
             kv_cache_type=config.kv_cache_type,
+            repack=config.repack is not False,  # a real runner decides by CPU when not told
         )
-        return p.decode_event(loaded.encode()).wire()
+        event = p.decode_event(loaded.encode())  # as the pipe carries it
+        assert isinstance(event, p.Loaded)
+        return event
 
     async def request(self, msg: p.Job) -> AsyncIterator[p.Event]:
         if self.dead:
