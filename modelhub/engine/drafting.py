@@ -23,7 +23,7 @@ from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import ProbabilityFn
 from modelhub.engine.speculative.choice import DraftChoice, Member, load_bucket
 from modelhub.engine.speculative.costs import StepShare
-from modelhub.engine.speculative.factory import Preparing, Seeded
+from modelhub.engine.speculative.factory import Seeded
 
 if TYPE_CHECKING:
     from modelhub.engine.options import GenerateOptions, GenerateResult
@@ -123,8 +123,8 @@ class RequestDrafting:
         """Up to ``k`` drafts (none when fewer than ``draft_min`` are left) and their draft
         distributions if the drafter gave them."""
         drafter = member.drafter
-        if isinstance(drafter, Preparing):
-            drafter.prepare(tokens)
+        if member.prepare is not None:
+            member.prepare(tokens)
         self._t_prep = time.perf_counter_ns()
         sampler = self.sampler
         probs: ProbabilityFn | None = sampler.probs

@@ -20,11 +20,12 @@ Whatever drafts, verification keeps the output the target's own, so the choice c
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from modelhub.engine.speculative.adaptive import AdaptiveDraftLength
 from modelhub.engine.speculative.base import Drafter
+from modelhub.engine.speculative.factory import Preparing
 
 # Drafters whose proposals carry a per-token confidence (``Proposal.confidence``).
 RATED_KINDS = frozenset({"ngram", "prediction"})
@@ -43,10 +44,14 @@ class Member:
     drafter: Drafter
     max_k: int
     cost_prior: float | None = None
+    # Read every round: worked out once (a runtime-checkable Protocol's isinstance costs tens
+    # of microseconds, a share of a fast step).
+    rated: bool = field(init=False)
+    prepare: Callable[[Sequence[int]], bool] | None = field(init=False)
 
-    @property
-    def rated(self) -> bool:
-        return self.drafter.kind in RATED_KINDS
+    def __post_init__(self) -> None:
+        self.rated = self.drafter.kind in RATED_KINDS
+        self.prepare = self.drafter.prepare if isinstance(self.drafter, Preparing) else None
 
 
 Controllers = Callable[[Member], AdaptiveDraftLength]
