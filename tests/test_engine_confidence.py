@@ -130,3 +130,19 @@ def test_probes_back_off_when_the_wide_verify_really_is_slow() -> None:
         ctl.record(16, k, k, 0.0, 20 * _true_cost(k + 1) if k else 1.0)
     probes = sum(1 for k in cuts if k)
     assert 1 <= probes <= 6, probes  # 32, 64, 128, ... rounds apart: a few percent at most
+
+
+def test_a_requests_misses_lower_its_estimates_and_hits_restore_them() -> None:
+    acc = AcceptanceByClass({"long": 0.8}, prior_weight=50.0)  # a long history other requests left
+    assert acc.expect(1, [5], ["long"]) == [pytest.approx(0.8)]  # nothing judged yet: as learned
+    acc.judge([0, 9])  # a miss at a confident class
+    assert acc.estimate("long") == pytest.approx(0.79, abs=0.01)  # the history barely moves
+    lowered = acc.for_request("long")
+    assert lowered < 0.6  # this request's estimates drop at once
+    assert acc.expect(2, [6], ["long"]) == [pytest.approx(lowered)]
+    for n in range(3, 9):  # then its guesses come out right: the estimates come back
+        acc.expect(n, [n], ["long"])
+        acc.judge(list(range(n + 1)))
+    assert acc.for_request("long") > acc.estimate("long") * 0.95
+    acc.forget()  # the next request starts from the classes' rates
+    assert acc.calibration() == 1.0 and acc.for_request("long") == acc.estimate("long")

@@ -11,6 +11,14 @@ equals the draft exactly when the draft is accepted (greedy: the target's argmax
 one-hot q: both happen with probability p(draft)), so the position just past the verified drafts,
 where the target emits its own token, is evidence too: a class that is never worth verifying
 keeps being measured.
+
+A class's rate is learned across requests, but a request can differ from the ones before it (a
+text whose repeats are coincidences after one that copied a document). So each request also
+calibrates: the estimates its proposals carry are the classes' rates scaled by how its own
+judged guesses fared against them, ``(hits + W) / (expected hits + W)`` up to 1; a miss or two
+at a confident class then stops a request's hopeless guesses at once, instead of after the
+history other requests left has faded, and hits bring them back (never above the classes'
+rates: a lucky start would otherwise make long guesses look certain).
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ C = TypeVar("C", bound=Hashable)  # an evidence class
 
 # Estimates stay inside these bounds: no evidence makes a token certain or hopeless.
 _FLOOR, _CEILING = 0.02, 0.995
+# A request's calibration starts as if its first guesses had come out as the classes predict,
+# worth this many expected hits (W above).
+_CALIBRATION_WEIGHT = 2.0
 
 
 class AcceptanceByClass(Generic[C]):
@@ -45,10 +56,22 @@ class AcceptanceByClass(Generic[C]):
         self._decay = decay
         self._stats: dict[C, list[float]] = {}  # class -> [hits, trials]
         self._pending: tuple[int, list[int], list[C]] | None = None
+        self._request = [0.0, 0.0]  # this request's judged guesses: [hits, expected hits]
 
     def estimate(self, cls: C) -> float:
+        """The class's rate, learned across requests."""
         hits, trials = self._stats.get(cls) or self._prior(cls)
         return min(_CEILING, max(_FLOOR, hits / trials))
+
+    def calibration(self) -> float:
+        """How this request's guesses fared against their classes' rates (1: as predicted or
+        better)."""
+        hits, expected = self._request
+        return min(1.0, (hits + _CALIBRATION_WEIGHT) / (expected + _CALIBRATION_WEIGHT))
+
+    def for_request(self, cls: C) -> float:
+        """The class's rate scaled by this request's calibration."""
+        return min(_CEILING, max(_FLOOR, self.estimate(cls) * self.calibration()))
 
     def record(self, cls: C, hit: bool) -> None:
         stats = self._stats.setdefault(cls, self._prior(cls))
@@ -59,13 +82,16 @@ class AcceptanceByClass(Generic[C]):
         p = self._priors.get(cls, self._default)
         return [p * self._weight, self._weight]
 
-    def expect(self, start: int, drafts: Sequence[int], classes: Sequence[C]) -> None:
-        """A proposal for the positions from ``start`` on; judged by the next :meth:`judge`."""
+    def expect(self, start: int, drafts: Sequence[int], classes: Sequence[C]) -> list[float]:
+        """A proposal for the positions from ``start`` on, judged by the next :meth:`judge`;
+        returns its drafts' estimates for this request (:meth:`for_request`)."""
         self._pending = (start, list(drafts), list(classes))
+        return [self.for_request(c) for c in classes]
 
     def forget(self) -> None:
-        """Drop an unjudged proposal (a new request begins)."""
+        """A new request begins: drop an unjudged proposal and the calibration."""
         self._pending = None
+        self._request = [0.0, 0.0]
 
     def judge(self, tokens: Sequence[int]) -> None:
         """``tokens`` is the committed sequence: score the pending proposal's known positions."""
@@ -77,6 +103,8 @@ class AcceptanceByClass(Generic[C]):
             if start + i >= len(tokens):
                 return  # generation stopped before this position: no evidence
             hit = tokens[start + i] == draft
+            self._request[0] += hit
+            self._request[1] += self.estimate(cls)  # before this outcome is learned
             self.record(cls, hit)
             if not hit:
                 return

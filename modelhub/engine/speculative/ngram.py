@@ -362,8 +362,7 @@ class NgramDrafter:
             seen.setdefault(state, len(draft))
         if len(draft) < self.n_min:
             draft, orders = [], []
-        self.acceptance.expect(len(tokens), draft, orders)
-        return Proposal(draft, None, [self.acceptance.estimate(n) for n in orders])
+        return Proposal(draft, None, self.acceptance.expect(len(tokens), draft, orders))
 
     def _next_token(self, context: list[int]) -> tuple[int, int] | None:
         """The next token and the order of the n-gram that predicted it."""

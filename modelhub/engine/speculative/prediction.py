@@ -119,8 +119,7 @@ class PredictionDrafter:
         drafts = self.predicted[self._pos : self._pos + max_tokens]
         state = "confirmed" if self._pos == self._anchor else "tentative"
         classes = [state, *["confirmed"] * (len(drafts) - 1)][: len(drafts)]
-        self.acceptance.expect(len(tokens), drafts, classes)
-        return Proposal(drafts, None, [self.acceptance.estimate(c) for c in classes])
+        return Proposal(drafts, None, self.acceptance.expect(len(tokens), drafts, classes))
 
     @property
     def position(self) -> int | None:
