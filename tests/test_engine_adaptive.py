@@ -133,6 +133,34 @@ def test_an_unlucky_first_round_is_retried_soon() -> None:
     assert res.rate > 1.4 * baseline(PADDED)
 
 
+@dataclass
+class SwitchCost:
+    """A CPU's shape: two rows cost twice one (matrix-vector kernels give way to matrix ones),
+    each row past two little more (the padded target on two cores: 60, 125, 200, 240 ms at 1,
+    2, 5, 9 rows)."""
+
+    draft: float = 0.007
+
+    def verify(self, rows: int) -> float:
+        return 0.060 if rows == 1 else 0.125 + 0.0165 * (rows - 2)
+
+
+def test_probes_widen_while_they_keep_every_guess() -> None:
+    """One-guess probes price a drafter at its worst width where a second row doubles the
+    step: after an unlucky first round a perfect drafter took six of them to resume."""
+    cost = SwitchCost()
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, cost, lambda r: 0.0 if r == 0 else 1.0, tokens=300, noise=0.0)
+    drafted = [k for k in res.ks if k]
+    assert drafted[:4] == [8, 1, 2, 4], drafted  # the miss, then probes that double
+    assert all(k >= 4 for k in drafted[4:12]), drafted  # and drafting is back
+    assert res.rate > 1.5 / cost.verify(1)
+    # a probe that keeps none starts the next at one guess again
+    ctl = AdaptiveDraftLength(8)
+    res = simulate(ctl, cost, lambda r: 0.0, tokens=300, noise=0.0)
+    assert max(res.ks[1:]) == 1, res.ks
+
+
 def test_probe_interval_includes_the_drafters_catch_up() -> None:
     cheap, costly = AdaptiveDraftLength(4), AdaptiveDraftLength(4)
     for ctl, catch_up in ((cheap, 0.0), (costly, 0.2)):

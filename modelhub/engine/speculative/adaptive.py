@@ -24,7 +24,10 @@ that slow everyone's step pay only when they bring more than the rest of the bat
 Steps that evaluate a prompt are not rounds of this kind: the batch loop decodes plainly then
 and records nothing (``engine.batching``). The controller picks the best K;
 when no K beats plain decoding it stops drafting and re-probes now and then, spending at most a
-few percent of the time on probes.
+few percent of the time on probes. A probe that keeps every guess doubles the next one's width
+(one that keeps fewer starts the next at what it kept): where a second row doubles a step (a
+CPU's matrix-vector kernels giving way to matrix ones) one-guess probes price a drafter at its
+worst width, and after one unlucky round even a near-perfect drafter took six to resume.
 
 A drafter that rates each of its tokens (``Proposal.confidence``, e.g. n-gram drafts, whose
 quality depends on how long a match they come from) is asked for ``max_k`` tokens every round
@@ -45,7 +48,8 @@ from modelhub.engine.speculative.costs import PRIOR_ROW_SLOPE, Ewma, VerifyCosts
 _MARGIN = 1.03
 # At most this share of plain-decoding time is spent on probes while drafting is off.
 _PROBE_BUDGET = 0.03
-# A probe drafts this many tokens: enough to measure acceptance, cheap when it fails.
+# A first probe drafts this many tokens: enough to measure acceptance, cheap when it fails.
+# Later ones widen while they keep every guess (see the module docstring).
 _PROBE_LENGTH = 1
 # "Could drafting ever pay?" is asked at this acceptance.
 _OPTIMISTIC_ACCEPTANCE = 0.95
@@ -97,6 +101,8 @@ class AdaptiveDraftLength:
         self._plain_rounds = 0  # consecutive rounds without drafting
         self._undrafted = 0  # consecutive rounds that verified no draft (rated drafters too)
         self._rated_backoff = _RATED_PROBE_AFTER  # rounds without drafts before cut() probes
+        self._probe_width = _PROBE_LENGTH  # guesses of the next probe
+        self._probing = False  # the round in flight is a probe
         self._rounds = 0
         self._last_requested = -1  # K of the previous round (-1: none yet)
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
@@ -273,7 +279,8 @@ class AdaptiveDraftLength:
             # have to catch up on every token since it last drafted. The verdict is
             # re-evaluated as plain decoding keeps being measured.
             if k == 0 and not self.hopeless and self._plain_rounds >= self._probe_interval():
-                k = _PROBE_LENGTH
+                k = self._probe_width
+                self._probing = True
             elif 0 < k < self.max_k and self._rounds % _EXPLORE_EVERY == 0:
                 k += 1  # now and then measure one draft more than the model knows about
             elif k > 0 and (self._rounds + _EXPLORE_EVERY // 2) % _PLAIN_EVERY == 0:
@@ -328,6 +335,12 @@ class AdaptiveDraftLength:
             self._acc_hits = self._acc_hits * self._decay + accepted
             failure = 1.0 if accepted < proposed else 0.0
             self._acc_trials = self._acc_trials * self._decay + accepted + failure
+        if self._probing and proposed > 0:
+            self._probe_width = min(
+                max(self.max_k, _PROBE_LENGTH),
+                2 * proposed if accepted == proposed else max(_PROBE_LENGTH, accepted),
+            )
+        self._probing = False
         self._last_requested = requested
         if requested == 0:
             self._plain_rounds += 1
@@ -339,12 +352,13 @@ class AdaptiveDraftLength:
         if self.hopeless:
             return self._max_probe
         plain = self.step_cost(0)
-        probe = self.step_cost(_PROBE_LENGTH)
+        width = self._probe_width
+        probe = self.step_cost(width)
         if not self._plain_measured or plain is None or probe is None:
             return self._min_probe
         if self._draft_rounds < _MIN_EVIDENCE:
             return self._min_probe  # too little seen yet to give up on drafting for long
-        overhead = _PROBE_LENGTH * (self.draft_cost() or 0.0) + probe - plain
+        overhead = width * (self.draft_cost() or 0.0) + probe - plain
         overhead += self._catch_up.value or 0.0
         rounds = math.ceil(overhead / (_PROBE_BUDGET * plain))
         return max(self._min_probe, min(self._max_probe, rounds))
