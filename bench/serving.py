@@ -483,7 +483,8 @@ def bench_model(model: Path, settings: Settings, args: argparse.Namespace) -> di
     import concurrency as conc
 
     prompts = [CHATML.format(p) for p in PROMPTS[: args.prompts]]
-    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+    # The directory is left last: daemons write their drafting state into it as they stop.
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         print(f"\n== {model.name}: starting every configuration ...", flush=True)
         inproc = InProcess(model, settings)
@@ -526,7 +527,8 @@ def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace)
 
     prompts = conc.prose_prompts(CHATML)
     options = {"num_ctx": settings.num_ctx, "num_thread": settings.threads}
-    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-concurrency-") as tmp:
+    # The directory is left last: daemons write their drafting state into it as they stop.
+    with tempfile.TemporaryDirectory(prefix="bench-concurrency-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         print(f"\n== {model.name}: concurrency ...", flush=True)
         servers, daemons = [], {}

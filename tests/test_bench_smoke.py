@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -17,14 +18,21 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "serving.py"
 
 
-def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def _bench(*args: str, tmp: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Runs the bench with a temporary directory of its own, and checks it left nothing there
+    (its daemons write their drafting state as they stop: the directory must outlive them)."""
+    scratch = tmp / "tmpdir"
+    scratch.mkdir(parents=True)
+    run = subprocess.run(
         [sys.executable, str(BENCH), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
+    assert not list(scratch.iterdir()), f"left behind: {list(scratch.iterdir())}"
+    return run
 
 
 @pytest.mark.slow
@@ -38,6 +46,7 @@ def test_concurrency_section_smoke(tmp_path: Path) -> None:
         *("--model", str(model), "--threads", "2", "--num-ctx", "512", "--num-predict", "8"),
         *("--repeats", "1", "--prompts", "2", "--concurrency", "--clients", "1,2"),
         *("--per-client", "1", "--ttft-trials", "2", "--out", str(out)),
+        tmp=tmp_path,
         timeout=480,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -66,6 +75,7 @@ def test_serving_bench_smoke(tmp_path: Path) -> None:
     run = _bench(
         *("--model", str(model), "--threads", "2", "--num-ctx", "512"),
         *("--num-predict", "8", "--repeats", "1", "--prompts", "2", "--out", str(out)),
+        tmp=tmp_path,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "goal daemon tok/s vs in-process" in run.stdout
@@ -124,18 +134,18 @@ def test_serving_bench_smoke(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
-    run = _bench("--model", str(missing), "--repeats", "1", timeout=60)
+    run = _bench("--model", str(missing), "--repeats", "1", tmp=tmp_path, timeout=60)
     assert run.returncode != 0
     assert f"--model {missing}: no such file" in run.stderr
     assert "Traceback" not in run.stderr
 
     not_exe = tmp_path / "llama-server"
     not_exe.write_text("")
-    run = _bench("--llama-server", str(not_exe), timeout=60)
+    run = _bench("--llama-server", str(not_exe), tmp=tmp_path / "b", timeout=60)
     assert run.returncode == 2 and "not an executable file" in run.stderr
     assert "Traceback" not in run.stderr
 
-    run = _bench("--num-predict", "1", timeout=60)
+    run = _bench("--num-predict", "1", tmp=tmp_path / "c", timeout=60)
     assert run.returncode == 2 and "--num-predict must be at least 2" in run.stderr
 
 
