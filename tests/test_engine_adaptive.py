@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,12 +154,30 @@ def test_probes_widen_while_they_keep_every_guess() -> None:
     res = simulate(ctl, cost, lambda r: 0.0 if r == 0 else 1.0, tokens=300, noise=0.0)
     drafted = [k for k in res.ks if k]
     assert drafted[:4] == [8, 1, 2, 4], drafted  # the miss, then probes that double
+    # each probe that kept every guess is followed at once by the next, wider one
+    first = res.ks.index(1)
+    assert res.ks[first : first + 3] == [1, 2, 4], res.ks
     assert all(k >= 4 for k in drafted[4:12]), drafted  # and drafting is back
     assert res.rate > 1.5 / cost.verify(1)
-    # a probe that keeps none starts the next at one guess again
+    # a probe that keeps none starts the next at one guess again, after the usual wait
     ctl = AdaptiveDraftLength(8)
     res = simulate(ctl, cost, lambda r: 0.0, tokens=300, noise=0.0)
     assert max(res.ks[1:]) == 1, res.ks
+    probes = [i for i, k in enumerate(res.ks) if i and k]
+    assert min(b - a for a, b in itertools.pairwise(probes)) >= 4, res.ks
+
+
+def test_a_good_drafter_resumes_early_in_its_first_request() -> None:
+    """A drafter that keeps 95 % of its guesses but missed its first round pays off within its
+    first 128-token answer (median of 12 trials 1.19x plain; 0.975x, plain for nearly the whole
+    answer, before a probe that kept every guess was followed at once by the next)."""
+    cost = SwitchCost()
+    rates = []
+    for seed in range(12):
+        ctl = AdaptiveDraftLength(8)
+        res = simulate(ctl, cost, lambda r: 0.0 if r == 0 else 0.95, tokens=128, seed=seed)
+        rates.append(res.rate * cost.verify(1))
+    assert np.median(rates) > 1.1, rates
 
 
 def test_probe_interval_includes_the_drafters_catch_up() -> None:

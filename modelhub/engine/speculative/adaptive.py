@@ -24,10 +24,11 @@ that slow everyone's step pay only when they bring more than the rest of the bat
 Steps that evaluate a prompt are not rounds of this kind: the batch loop decodes plainly then
 and records nothing (``engine.batching``). The controller picks the best K;
 when no K beats plain decoding it stops drafting and re-probes now and then, spending at most a
-few percent of the time on probes. A probe that keeps every guess doubles the next one's width
-(one that keeps fewer starts the next at what it kept): where a second row doubles a step (a
-CPU's matrix-vector kernels giving way to matrix ones) one-guess probes price a drafter at its
-worst width, and after one unlucky round even a near-perfect drafter took six to resume.
+few percent of the time on probes. A probe that keeps every guess is followed at once by one
+twice as wide (one that keeps fewer starts the next, after the usual wait, at what it kept):
+where a second row doubles a step (a CPU's matrix-vector kernels giving way to matrix ones)
+one-guess probes price a drafter at its worst width, and after one unlucky round even a
+near-perfect drafter took six probes, spaced out, to resume.
 
 A drafter that rates each of its tokens (``Proposal.confidence``, e.g. n-gram drafts, whose
 quality depends on how long a match they come from) is asked for ``max_k`` tokens every round
@@ -103,6 +104,7 @@ class AdaptiveDraftLength:
         self._rated_backoff = _RATED_PROBE_AFTER  # rounds without drafts before cut() probes
         self._probe_width = _PROBE_LENGTH  # guesses of the next probe
         self._probing = False  # the round in flight is a probe
+        self._probe_again = False  # the last probe kept every guess: the next one follows it
         self._rounds = 0
         self._last_requested = -1  # K of the previous round (-1: none yet)
         self._draft_rounds = 0  # rounds that verified drafts (evidence, never decayed)
@@ -278,7 +280,8 @@ class AdaptiveDraftLength:
             # No probes while the costs alone rule drafting out: a draft model would first
             # have to catch up on every token since it last drafted. The verdict is
             # re-evaluated as plain decoding keeps being measured.
-            if k == 0 and not self.hopeless and self._plain_rounds >= self._probe_interval():
+            idle = k == 0 and not self.hopeless
+            if idle and (self._probe_again or self._plain_rounds >= self._probe_interval()):
                 k = self._probe_width
                 self._probing = True
             elif 0 < k < self.max_k and self._rounds % _EXPLORE_EVERY == 0:
@@ -340,6 +343,7 @@ class AdaptiveDraftLength:
                 max(self.max_k, _PROBE_LENGTH),
                 2 * proposed if accepted == proposed else max(_PROBE_LENGTH, accepted),
             )
+        self._probe_again = self._probing and 0 < proposed == accepted
         self._probing = False
         self._last_requested = requested
         if requested == 0:
