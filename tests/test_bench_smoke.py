@@ -1,4 +1,5 @@
-"""bench/serving.py runs end to end on a tiny budget and writes the JSON it documents."""
+"""The benches (serving, concurrency, recurrent, kvcache, ui) run end to end on a tiny budget and
+write the JSON they document."""
 
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "serving.py"
 
 
-def _bench(*args: str, tmp: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _bench(
+    *args: str, tmp: Path, timeout: float = 120, script: Path = BENCH
+) -> subprocess.CompletedProcess[str]:
     """Runs the bench with a temporary directory of its own, and checks it left nothing there
     (its daemons write their drafting state as they stop: the directory must outlive them)."""
     scratch = tmp / "tmpdir"
     scratch.mkdir(parents=True)
     run = subprocess.run(
-        [sys.executable, str(BENCH), *args],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -227,3 +230,33 @@ def test_kvcache_bench_smoke(tmp_path: Path) -> None:
     assert exact["f16"]["runs"] == 1
     (agree,) = length["auto_f16_plain_agree_tokens"]
     assert 0 <= agree <= length["plain_tokens"] <= 64
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ui_bench_smoke(tmp_path: Path) -> None:
+    """bench/ui.py, one round of 8 tokens: the page, the API and the CLI each measured, the
+    page's reply the API's (greedy), the figures and conditions in the JSON."""
+    pytest.importorskip("playwright", reason="Playwright for Python is not installed")
+    from tests.test_ui_browser import CHROMIUM
+
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package")
+    smollm2_q4_1()  # fetched (and cached) before the clock matters
+    out = tmp_path / "ui.json"
+    run = _bench(
+        *("--rounds", "1", "--num-predict", "8", "--json", str(out)),
+        tmp=tmp_path,
+        timeout=180,
+        script=ROOT / "bench" / "ui.py",
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["options"] == {"temperature": 0, "seed": 7, "num_predict": 8}
+    assert data["eval_count"] == {"page": [8], "API": [8], "CLI": [8]}
+    assert data["same_text_page_api"] is True
+    assert all(v > 0 for v in data["median_tok_s"].values())
+    assert data["page_vs_api"] == pytest.approx(
+        data["median_tok_s"]["page"] / data["median_tok_s"]["API"]
+    )
+    assert "page and API replies identical in every round: yes" in run.stdout
