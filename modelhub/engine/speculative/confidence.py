@@ -69,9 +69,10 @@ class AcceptanceByClass(Generic[C]):
         hits, expected = self._request
         return min(1.0, (hits + _CALIBRATION_WEIGHT) / (expected + _CALIBRATION_WEIGHT))
 
-    def for_request(self, cls: C) -> float:
-        """The class's rate scaled by this request's calibration."""
-        return min(_CEILING, max(_FLOOR, self.estimate(cls) * self.calibration()))
+    def for_request(self, cls: C, calibration: float | None = None) -> float:
+        """The class's rate scaled by this request's calibration (or by ``calibration``)."""
+        scale = self.calibration() if calibration is None else calibration
+        return min(_CEILING, max(_FLOOR, self.estimate(cls) * scale))
 
     def record(self, cls: C, hit: bool) -> None:
         stats = self._stats.setdefault(cls, self._prior(cls))
@@ -86,7 +87,8 @@ class AcceptanceByClass(Generic[C]):
         """A proposal for the positions from ``start`` on, judged by the next :meth:`judge`;
         returns its drafts' estimates for this request (:meth:`for_request`)."""
         self._pending = (start, list(drafts), list(classes))
-        return [self.for_request(c) for c in classes]
+        scale = self.calibration()  # once per proposal: it changes only when judged
+        return [self.for_request(c, scale) for c in classes]
 
     def forget(self) -> None:
         """A new request begins: drop an unjudged proposal and the calibration."""
