@@ -34,7 +34,14 @@ from modelhub.server.completion_request import (
     ollama_options,
 )
 from modelhub.server.errors import error_body
-from modelhub.server.generation import Event, Finished, chained, collect, fitted_prompt
+from modelhub.server.generation import (
+    Event,
+    Finished,
+    chained,
+    collect,
+    fitted_prompt,
+    gathered,
+)
 from modelhub.server.jsonbody import JSONResponse, sse
 from modelhub.server.lookup import find_model
 from modelhub.server.openai_models import ChatCompletionBody, CompletionBody, SamplingBody
@@ -170,18 +177,15 @@ def _message(part: ReplyPart, delta: bool) -> dict[str, Any]:
 
 async def _unstreamed(c: _Completion, events: AsyncIterator[Event]) -> Response:
     whole = ReplyPart()
-    done: Finished | None = None
     raws: list[dict[str, Any]] = []
-    async for ev in events:
-        if isinstance(ev, proto.Token):
-            whole.add(c.parse(ev.text))
-            if ev.logprob is not None:
+
+    async def noting_logprobs() -> AsyncIterator[Event]:
+        async for ev in events:
+            if isinstance(ev, proto.Token) and ev.logprob is not None:
                 raws.append(ev.logprob)
-        elif isinstance(ev, Finished):
-            done = ev
-    if done is None:
-        raise ModelhubError("generation ended without a result")
-    whole.add(c.finish())
+            yield ev
+
+    done = await gathered(noting_logprobs(), c, whole.add)
     text = whole.content
     choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(done, bool(whole.calls))}
     if c.chat:
