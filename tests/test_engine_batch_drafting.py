@@ -226,3 +226,54 @@ def test_a_round_that_yields_to_a_prompt_asks_no_drafter_and_records_nothing() -
     assert drafting.plan(tokens, 4, StepShare(4, 3)) == [5, 6, 7, 8]
     drafting.after_round([*tokens, 5, 6, 7], 4, 3, 60_000_000, 3 + 5)
     assert guesser.asked == 1 and list(verify) == [8] and ctl.draft_rounds == 1
+
+
+class _Sampler:
+    """A model-drafter stand-in: four guesses, drawn from a uniform q when asked to sample."""
+
+    kind = "draft_model"
+
+    def begin(self, tokens: Sequence[int]) -> None: ...
+
+    def propose(
+        self, tokens: Sequence[int], max_tokens: int, probs: ProbabilityFn | None = None
+    ) -> Proposal:
+        k = min(4, max_tokens)
+        q = None if probs is None else np.full((k, 16), 1 / 16, dtype=np.float32)
+        return Proposal([5, 6, 7, 8][:k], q)
+
+    def commit(self, tokens: Sequence[int]) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("options", "cut"),
+    [
+        (GenerateOptions(temperature=0.0, num_predict=32), True),  # greedy
+        (GenerateOptions(temperature=0.8, num_predict=32, seed=3), True),  # coupled draws
+        (GenerateOptions(temperature=0.8, num_predict=32), False),  # drawn from q, verified by it
+    ],
+)
+def test_guesses_stop_before_an_end_of_generation(options: GenerateOptions, cut: bool) -> None:
+    """Nothing after an end-of-generation guess can be kept, and the round's own token after
+    the last kept guess ends the answer just the same: such guesses are not verified, except
+    where q was drawn from and verifies them (whether a position is verified must not depend
+    on what was drawn there: that would bias the output away from the target's p)."""
+    for member, expected in (
+        (Member("ngram", _Guesser(), 4), [5, 6]),
+        (Member("draft", _Sampler(), 4, cost_prior=0.01), [5, 6] if cut else [5, 6, 7, 8]),
+    ):
+        ctl = AdaptiveDraftLength(4, adaptive=False)
+        sampler = Sampler(options, 16, seed=options.seed)
+        if options.seed is not None:
+            sampler.couple()  # as the engine does for a seeded request
+        drafting = RequestDrafting(
+            [member],
+            lambda name, klass, load, bound, ctl=ctl: ctl,
+            sampler,
+            options,
+            0,
+            lambda token: token == 7,
+        )
+        tokens = [1, 2, 3]
+        drafting.begin(tokens, None)
+        assert drafting.plan(tokens, 4) == expected, member.name

@@ -105,6 +105,7 @@ class LlamaModel:
         self.handle: Any = handle
         self.load_mtp = load_mtp
         self.vocab = llama_cpp.llama_model_get_vocab(handle)
+        self._eog: dict[int, bool] = {}  # asked of every emitted and drafted token
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(handle))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(handle))
@@ -284,7 +285,10 @@ class LlamaModel:
         return raw.decode("utf-8", errors="replace") if raw else ""
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     def close(self) -> None:
         for adapter in self.adapters:  # before the model they belong to

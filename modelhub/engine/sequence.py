@@ -88,7 +88,12 @@ class Generation:
         members, self.k_max = request_drafters(engine, slot, self.options, self.prediction)
         if members:
             self.drafting = RequestDrafting(
-                members, engine.controller, self.sampler, self.options, engine.cfg.draft_min
+                members,
+                engine.controller,
+                self.sampler,
+                self.options,
+                engine.cfg.draft_min,
+                engine.model.is_eog,
             )
         prompt = self.prompt
         reuse = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
