@@ -253,7 +253,7 @@ class _Sampler:
         (GenerateOptions(temperature=0.8, num_predict=32), False),  # drawn from q, verified by it
     ],
 )
-def test_guesses_stop_before_an_end_of_generation(options: GenerateOptions, cut: bool) -> None:
+def test_guesses_stop_before_one_that_ends_the_answer(options: GenerateOptions, cut: bool) -> None:
     """Nothing after an end-of-generation guess can be kept, and the round's own token after
     the last kept guess ends the answer just the same: such guesses are not verified, except
     where q was drawn from and verifies them (whether a position is verified must not depend
@@ -272,7 +272,7 @@ def test_guesses_stop_before_an_end_of_generation(options: GenerateOptions, cut:
             sampler,
             options,
             0,
-            lambda token: token == 7,
+            lambda drafts: drafts.index(7) if 7 in drafts else None,  # 7 would end the answer
         )
         tokens = [1, 2, 3]
         drafting.begin(tokens, None)

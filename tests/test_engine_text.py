@@ -74,3 +74,34 @@ def test_any_split_gives_the_text_before_the_first_stop(text: str, cuts: list[in
     streamed = "".join(_feed(s, pieces)) + s.finish()
     expected = text.split(stop)[0]
     assert streamed == expected == s.text
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(alphabet=st.sampled_from(list("ab#€\n")), max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12),
+    pushed=st.integers(min_value=0, max_value=12),
+)
+def test_stops_at_names_the_piece_that_would_complete_a_stop(
+    text: str, cuts: list[int], pushed: int
+) -> None:
+    """``stops_at`` (how far guesses are worth checking) agrees with pushing the pieces one by
+    one, and leaves the stream as it was."""
+    raw = text.encode()
+    points = sorted({min(c, len(raw)) for c in cuts} | {0, len(raw)})
+    pieces = [raw[a:b] for a, b in itertools.pairwise(points)]
+    before, after = pieces[:pushed], pieces[pushed:]
+    stops = ["#€", "\n\n"]
+    asked, untouched, reference = TextStream(stops), TextStream(stops), TextStream(stops)
+    for stream in (asked, untouched, reference):
+        _feed(stream, before)
+    predicted = asked.stops_at(after)
+    completed = None
+    for i, piece in enumerate(after):
+        if reference.stopped:
+            break
+        reference.push(piece)
+        if reference.stopped:
+            completed = i
+    assert predicted == completed
+    assert [*_feed(asked, after), asked.finish()] == [*_feed(untouched, after), untouched.finish()]

@@ -42,10 +42,12 @@ class RequestDrafting:
         sampler: Sampler,
         options: GenerateOptions,
         draft_min: int,
-        ends: Callable[[int], bool] = lambda token: False,
+        ending_at: Callable[[list[int]], int | None] = lambda drafts: None,
     ) -> None:
         self.choice = DraftChoice(members)
-        self.ends = ends  # an end-of-generation token: nothing after it can be kept
+        # The first guess that would end the answer (``Committer.ending_at``): none from it on
+        # is verified.
+        self.ending_at = ending_at
         self._controllers = controllers
         self.sampler = sampler
         self.options = options
@@ -136,12 +138,14 @@ class RequestDrafting:
             probs = sampler.coupled_probs(sampler.emitted, len(tokens))
         proposal = drafter.propose(tokens, k, probs)
         drafts = [int(t) for t in proposal.tokens[:k]]
-        # Guesses stop before an end of generation: the round's own token after the last kept
-        # guess ends the answer just the same, and no guess after it can be kept. Not for
-        # guesses drawn from q and verified against it: whether a position is verified must not
-        # depend on what was drawn there, or the output would no longer follow the target's p.
+        # Guesses stop before one that would end the answer (an end of generation, a stop
+        # string): the round's own token after the last kept guess ends it just the same, and
+        # no guess after it can be kept. Not for guesses drawn from q and verified against it:
+        # whether a position is verified must not depend on what was drawn there, or the output
+        # would no longer follow the target's p.
         if proposal.probs is None or sampler.greedy or sampler.coupled:
-            drafts = next((drafts[:i] for i, t in enumerate(drafts) if self.ends(t)), drafts)
+            end = self.ending_at(drafts)
+            drafts = drafts if end is None else drafts[:end]
         if proposal.confidence is not None:
             drafts = drafts[: controller.cut(proposal.confidence[: len(drafts)])]
         q = proposal.probs[: len(drafts)] if proposal.probs is not None else None

@@ -93,7 +93,7 @@ class Generation:
                 self.sampler,
                 self.options,
                 engine.cfg.draft_min,
-                engine.model.is_eog,
+                self.committer.ending_at,
             )
         prompt = self.prompt
         reuse = min(common_prefix(slot.cached, prompt), len(prompt) - 1)

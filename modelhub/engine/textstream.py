@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 class TextStream:
     def __init__(self, stops: Sequence[str] = ()) -> None:
-        self._stops = [s for s in stops if s]
+        self.stops = [s for s in stops if s]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._held = ""
         self.text = ""  # everything released so far
@@ -47,9 +47,25 @@ class TextStream:
         self.text += tail
         return tail
 
+    def stops_at(self, pieces: Sequence[bytes]) -> int | None:
+        """The index of the first of ``pieces`` that, pushed after what came so far, would
+        complete a stop string (None: none would); nothing is pushed."""
+        if not self.stops or self.stopped:
+            return None
+        state = self._decoder.getstate()
+        text = self._held
+        try:
+            for i, piece in enumerate(pieces):
+                text += self._decoder.decode(piece)
+                if any(stop in text for stop in self.stops):
+                    return i
+        finally:
+            self._decoder.setstate(state)
+        return None
+
     def _find_stop(self, text: str) -> int | None:
         best: int | None = None
-        for stop in self._stops:
+        for stop in self.stops:
             at = text.find(stop)
             if at != -1 and (best is None or at < best):
                 best, self.stop_hit = at, stop
@@ -71,7 +87,7 @@ class TextStream:
     def _partial_stop_length(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
         longest = 0
-        for stop in self._stops:
+        for stop in self.stops:
             for n in range(min(len(stop) - 1, len(text)), longest, -1):
                 if text.endswith(stop[:n]):
                     longest = n
@@ -117,6 +133,16 @@ class Committer:
 
     def cancelled(self) -> bool:
         return self._cancel is not None and self._cancel.is_set()
+
+    def ending_at(self, tokens: Sequence[int]) -> int | None:
+        """The index of the first of ``tokens`` (guesses for the positions to come) that
+        would end the answer: an end-of-generation token or one completing a stop string."""
+        eog = next((i for i, t in enumerate(tokens) if self._model.is_eog(t)), None)
+        if not self._stream.stops:
+            return eog
+        before = tokens if eog is None else tokens[:eog]
+        stop = self._stream.stops_at([self._model.token_piece_bytes(t) for t in before])
+        return stop if stop is not None else eog
 
     @property
     def stop_sequence(self) -> str | None:
