@@ -28,6 +28,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools.openmp import steady_wait  # noqa: E402
+
+steady_wait()  # before llama.cpp loads: this process holds several engines
+
 from devtools import realmodels  # noqa: E402
 from modelhub.engine.context import LlamaContext  # noqa: E402
 from modelhub.engine.devices import list_devices  # noqa: E402

@@ -42,6 +42,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools.openmp import steady_wait  # noqa: E402
+
+steady_wait()  # before llama.cpp loads: this process holds several engines
+
 import llama_cpp  # noqa: E402
 from speculative import chat, greedy, load_average  # noqa: E402  (bench/, beside this file)
 

@@ -24,6 +24,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools.openmp import steady_wait  # noqa: E402
+
+steady_wait()  # before llama.cpp loads: this process holds several engines
+
 from devtools import realmodels  # noqa: E402
 from modelhub.engine.generate import Engine, EngineConfig, GenerateOptions  # noqa: E402
 

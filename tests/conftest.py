@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from devtools.daemons import LIVE, Daemon, start_daemon
-from tests.fakes.daemon import FakeDaemon, fake_daemon
+from devtools.openmp import steady_wait
+
+steady_wait()  # before any test module loads llama.cpp: many engines share this process
+
+from devtools.daemons import LIVE, Daemon, start_daemon  # noqa: E402
+from tests.fakes.daemon import FakeDaemon, fake_daemon  # noqa: E402
 
 # Kept for every test: it locates the real-model cache (devtools.realmodels), it is not a
 # modelhub setting.

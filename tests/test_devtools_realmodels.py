@@ -284,3 +284,13 @@ def test_environment_cache_dir(test_cache: Path) -> None:
     assert realmodels.cache_dir() == test_cache
     assert test_cache.is_dir()
     assert os.environ["MODELHUB_TEST_CACHE"] == str(test_cache)
+
+
+def test_steady_wait_keeps_a_wait_the_environment_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    from devtools.openmp import steady_wait
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    steady_wait()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # set where unset
+    assert os.environ["GOMP_SPINCOUNT"] == "1000"  # a user's choice kept
