@@ -34,7 +34,8 @@ def _bench(
         cwd=ROOT,
         env={**os.environ, "TMPDIR": str(scratch)},
     )
-    assert not list(scratch.iterdir()), f"left behind: {list(scratch.iterdir())}"
+    left = list(scratch.iterdir())
+    assert not left, f"left behind: {left}\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
     return run
 
 
