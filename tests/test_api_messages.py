@@ -43,6 +43,9 @@ GREEDY = {"temperature": 0}  # the SDK has no temperature argument any more; the
 PARIS = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
+FIXED_LENGTH = "PARAMETER draft_adaptive false\n"
+
+
 @pytest.fixture(scope="module")
 def served(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """The session's daemon, with this module's models (names of its own)."""
@@ -50,7 +53,8 @@ def served(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     head = f"FROM {smollm2_q8_0()}\nPARAMETER num_ctx 2048\nPARAMETER num_parallel 1\n"
     for name, body in (
         ("msg-plain", "DRAFT none\n"),
-        ("msg-ngram", "DRAFT ngram\nPARAMETER draft_num_predict 6\n"),
+        # a fixed draft length: the identity test must draft whatever the controller decides
+        ("msg-ngram", "DRAFT ngram\nPARAMETER draft_num_predict 6\n" + FIXED_LENGTH),
         ("msg-tooly", f'TEMPLATE """{TOOLS_TEMPLATE}"""\n'),
         ("msg-thinker", f'TEMPLATE """{THINK_TEMPLATE}"""\n'),
     ):

@@ -40,7 +40,9 @@ def vision(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     mf.write_text(f"FROM {smollm2_q4_1()}\nFROM {proj}\nPARAMETER num_ctx 1024\n")
     r = daemon.cli("create", "smol-vision", "-f", str(mf))
     assert r.returncode == 0, r.stderr
-    mf.write_text("FROM smol-vision\nDRAFT ngram\nPARAMETER draft_num_predict 6\n")
+    # A fixed draft length: the identity test must draft whatever the controller would decide.
+    fixed = "PARAMETER draft_num_predict 6\nPARAMETER draft_adaptive false\n"
+    mf.write_text(f"FROM smol-vision\nDRAFT ngram\n{fixed}")
     r = daemon.cli("create", "smol-vision-ngram", "-f", str(mf))
     assert r.returncode == 0, r.stderr
     yield daemon
