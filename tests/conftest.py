@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from devtools.openmp import steady_wait
+from tests.fixtures.workers import pin_this_worker, worker_count
 
+pin_this_worker()  # before llama.cpp loads: its threads and the runners' follow the pinning
 steady_wait()  # before any test module loads llama.cpp: many engines share this process
 
 from devtools.daemons import LIVE, Daemon, start_daemon  # noqa: E402
@@ -19,6 +21,10 @@ from tests.fakes.daemon import FakeDaemon, fake_daemon  # noqa: E402
 # Kept for every test: it locates the real-model cache (devtools.realmodels), it is not a
 # modelhub setting.
 KEPT_ENV = frozenset({"MODELHUB_TEST_CACHE"})
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return worker_count()
 
 
 @pytest.fixture(autouse=True)

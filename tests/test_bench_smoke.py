@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,22 +22,25 @@ BENCH = ROOT / "bench" / "serving.py"
 
 
 def _bench(
-    *args: str, tmp: Path, timeout: float = 120, script: Path = BENCH
+    *args: str, timeout: float = 120, script: Path = BENCH
 ) -> subprocess.CompletedProcess[str]:
     """Runs the bench with a temporary directory of its own, and checks it left nothing there
-    (its daemons write their drafting state as they stop: the directory must outlive them)."""
-    scratch = tmp / "tmpdir"
-    scratch.mkdir(parents=True)
-    run = subprocess.run(
-        [sys.executable, str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "TMPDIR": str(scratch)},
-    )
-    left = list(scratch.iterdir())
-    assert not left, f"left behind: {left}\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
+    (its daemons write their drafting state as they stop: the directory must outlive them).
+    The directory's path is short: Chromium refuses a socket path over ~100 characters."""
+    scratch = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        run = subprocess.run(
+            [sys.executable, str(script), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            env={**os.environ, "TMPDIR": str(scratch)},
+        )
+        left = list(scratch.iterdir())
+        assert not left, f"left behind: {left}\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return run
 
 
@@ -50,7 +55,6 @@ def test_concurrency_section_smoke(tmp_path: Path) -> None:
         *("--model", str(model), "--threads", "2", "--num-ctx", "512", "--num-predict", "8"),
         *("--repeats", "1", "--prompts", "2", "--concurrency", "--clients", "1,2"),
         *("--per-client", "1", "--ttft-trials", "2", "--out", str(out)),
-        tmp=tmp_path,
         timeout=480,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -79,7 +83,6 @@ def test_serving_bench_smoke(tmp_path: Path) -> None:
     run = _bench(
         *("--model", str(model), "--threads", "2", "--num-ctx", "512"),
         *("--num-predict", "8", "--repeats", "1", "--prompts", "2", "--out", str(out)),
-        tmp=tmp_path,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "goal daemon tok/s vs in-process" in run.stdout
@@ -138,18 +141,18 @@ def test_serving_bench_smoke(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
-    run = _bench("--model", str(missing), "--repeats", "1", tmp=tmp_path, timeout=60)
+    run = _bench("--model", str(missing), "--repeats", "1", timeout=60)
     assert run.returncode != 0
     assert f"--model {missing}: no such file" in run.stderr
     assert "Traceback" not in run.stderr
 
     not_exe = tmp_path / "llama-server"
     not_exe.write_text("")
-    run = _bench("--llama-server", str(not_exe), tmp=tmp_path / "b", timeout=60)
+    run = _bench("--llama-server", str(not_exe), timeout=60)
     assert run.returncode == 2 and "not an executable file" in run.stderr
     assert "Traceback" not in run.stderr
 
-    run = _bench("--num-predict", "1", tmp=tmp_path / "c", timeout=60)
+    run = _bench("--num-predict", "1", timeout=60)
     assert run.returncode == 2 and "--num-predict must be at least 2" in run.stderr
 
 
@@ -247,7 +250,6 @@ def test_ui_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "ui.json"
     run = _bench(
         *("--rounds", "1", "--num-predict", "8", "--json", str(out)),
-        tmp=tmp_path,
         timeout=180,
         script=ROOT / "bench" / "ui.py",
     )

@@ -26,7 +26,7 @@ def greedy(n: int = N_TOKENS) -> GenerateOptions:
 
 
 def _engine(**kw: object) -> Engine:
-    cfg = EngineConfig(smollm2_q8_0(), n_ctx=1024, n_threads=2, n_parallel=4, **kw)  # type: ignore[arg-type]
+    cfg = EngineConfig(smollm2_q8_0(), n_ctx=1024, n_threads=0, n_parallel=4, **kw)  # type: ignore[arg-type]
     return Engine(cfg)
 
 
@@ -119,9 +119,13 @@ def _row_differences(kv_cache_type: str) -> list[float]:
     batches of 2 and 64 rows, at 300 and 600 cached tokens."""
     from modelhub.engine.context import LlamaContext
     from modelhub.engine.llama import LlamaModel
+    from modelhub.engine.native import default_threads
 
     model = LlamaModel(smollm2_q8_0())
-    ctx = LlamaContext(model, n_ctx=1024, n_batch=512, n_threads=2, kv_cache_type=kv_cache_type)
+    threads = default_threads()
+    ctx = LlamaContext(
+        model, n_ctx=1024, n_batch=512, n_threads=threads, kv_cache_type=kv_cache_type
+    )
     try:
         text = model.tokenize("The quick brown fox jumps over the lazy dog. " * 80)
         out = []
@@ -167,7 +171,7 @@ def test_a_long_answer_under_load_equals_it_alone() -> None:
 def test_context_shifts_in_one_sequence_leave_the_others_exact() -> None:
     """A shift re-rotates (and with Q8_0 keys re-quantises) the cache; other sequences in the
     same context must still give their output alone, and so must the shifted one."""
-    cfg = EngineConfig(smollm2_q8_0(), n_ctx=128, n_threads=2, n_parallel=2)
+    cfg = EngineConfig(smollm2_q8_0(), n_ctx=128, n_threads=0, n_parallel=2)
     with Engine(cfg) as e:
         topics = ["a dragon who loves books", "a city under the sea", "a robot chef", "a comet"]
         prompts = [

@@ -34,7 +34,7 @@ def target() -> Path:
 
 @pytest.fixture(scope="module")
 def engine(target: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(target, n_ctx=1024, n_threads=2)) as e:
+    with Engine(EngineConfig(target, n_ctx=1024, n_threads=0)) as e:
         yield e
 
 
@@ -54,7 +54,7 @@ def test_greedy_matches_llama_cpp_python(engine: Engine, target: Path) -> None:
     llm = Llama(
         str(target),
         n_ctx=1024,
-        n_threads=2,
+        n_threads=0,
         flash_attn=True,
         type_k=type_k,
         type_v=type_v,
@@ -71,7 +71,7 @@ def test_prompt_cache_reuses_the_shared_prefix(target: Path) -> None:
     # Prefill in chunks of 32: on this CPU build, batches of up to ~32 rows give bitwise the
     # same logits as one-token decodes (larger batches take another kernel), so a warm cache
     # and a cold prefill must then agree exactly.
-    with Engine(EngineConfig(target, n_ctx=1024, n_batch=32, n_threads=2)) as engine:
+    with Engine(EngineConfig(target, n_ctx=1024, n_batch=32, n_threads=0)) as engine:
         prompt = engine.tokenize(chat("What is the capital of France?"))
         first = engine.generate(prompt, greedy(24))
         again = engine.generate(prompt, greedy(24))
@@ -89,7 +89,7 @@ def test_prompt_cache_reuses_the_shared_prefix(target: Path) -> None:
         assert cont.prompt_eval_count <= len(follow) - len(prompt) - len(first.tokens) + 1
         changed = engine.generate(engine.tokenize(chat("What is the capital of Spain?")), greedy(8))
         assert changed.prompt_eval_count < len(prompt)  # the system prompt is still shared
-    with Engine(EngineConfig(target, n_ctx=1024, n_batch=32, n_threads=2)) as cold:
+    with Engine(EngineConfig(target, n_ctx=1024, n_batch=32, n_threads=0)) as cold:
         assert cold.generate(follow, greedy(24)).tokens == cont.tokens
 
 
@@ -117,7 +117,7 @@ def test_num_predict_and_eog(engine: Engine) -> None:
 
 
 def test_full_context_ends_with_length(target: Path) -> None:
-    with Engine(EngineConfig(target, n_ctx=64, n_threads=2)) as small:
+    with Engine(EngineConfig(target, n_ctx=64, n_threads=0)) as small:
         prompt = small.tokenize(chat("Write a long story about a dragon and a knight."))
         r = small.generate(prompt, greedy(-1, shift=False))  # shifting: test_engine_shift.py
         assert r.done_reason == "length"

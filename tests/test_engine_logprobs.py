@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, Engine]]:
-    base = {"n_ctx": 1024, "n_threads": 2}
+    base = {"n_ctx": 1024, "n_threads": 0}
     plain = Engine(EngineConfig(smollm2_q8_0(), **base))  # type: ignore[arg-type]
     ngram = Engine(EngineConfig(smollm2_q8_0(), draft_kind="ngram", draft_num_predict=6, **base))  # type: ignore[arg-type]
     draft = Engine(

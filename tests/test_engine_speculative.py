@@ -47,7 +47,7 @@ def greedy(k: int | None = None, n: int = N_TOKENS) -> GenerateOptions:
 
 
 def _engine(**kw: object) -> Engine:
-    cfg = EngineConfig(smollm2_q8_0(), n_ctx=2048, n_threads=2, **kw)  # type: ignore[arg-type]
+    cfg = EngineConfig(smollm2_q8_0(), n_ctx=2048, n_threads=0, **kw)  # type: ignore[arg-type]
     return Engine(cfg)
 
 

@@ -100,7 +100,9 @@ def _greedy_rows(model: llama_cpp.Llama, tokens: list[int]) -> np.ndarray:
 def test_tiny_llama_loads_tokenizes_and_generates(tmp_path: Path) -> None:
     target, draft = write_tiny_llama_pair(tmp_path)
     vocab = tiny_vocab()
-    kw = {"n_ctx": 256, "n_threads": 2, "verbose": False, "logits_all": True}
+    from modelhub.engine.native import default_threads
+
+    kw = {"n_ctx": 256, "n_threads": default_threads(), "verbose": False, "logits_all": True}
     model = llama_cpp.Llama(model_path=str(target), **kw)
     ids = model.tokenize(b"hello world")
     assert ids == [1, vocab.tokens.index("▁hello"), vocab.tokens.index("▁world")]
