@@ -16,9 +16,13 @@ from pathlib import Path
 import pytest
 
 from devtools.realmodels import smollm2_q4_1
+from modelhub.engine.native import default_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "serving.py"
+# The benches decode on this process's CPUs (a parallel worker's share), never more threads:
+# llama.cpp's busy-waiting threads would fight over fewer cores.
+THREADS = str(default_threads())
 
 
 def _bench(
@@ -52,7 +56,7 @@ def test_concurrency_section_smoke(tmp_path: Path) -> None:
     model = smollm2_q4_1()
     out = tmp_path / "concurrency.json"
     run = _bench(
-        *("--model", str(model), "--threads", "2", "--num-ctx", "512", "--num-predict", "8"),
+        *("--model", str(model), "--threads", THREADS, "--num-ctx", "512", "--num-predict", "8"),
         *("--repeats", "1", "--prompts", "2", "--concurrency", "--clients", "1,2"),
         *("--per-client", "1", "--ttft-trials", "2", "--out", str(out)),
         timeout=480,
@@ -81,7 +85,7 @@ def test_serving_bench_smoke(tmp_path: Path) -> None:
     model = smollm2_q4_1()  # fetched (and cached) before the clock matters
     out = tmp_path / "serving.json"
     run = _bench(
-        *("--model", str(model), "--threads", "2", "--num-ctx", "512"),
+        *("--model", str(model), "--threads", THREADS, "--num-ctx", "512"),
         *("--num-predict", "8", "--repeats", "1", "--prompts", "2", "--out", str(out)),
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -91,7 +95,7 @@ def test_serving_bench_smoke(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     cond = data["conditions"]
     assert (cond["threads"], cond["num_ctx"], cond["num_predict"], cond["repeats"]) == (
-        2,
+        int(THREADS),
         512,
         8,
         1,
@@ -171,7 +175,7 @@ def test_recurrent_section_smoke(tmp_path: Path) -> None:
         [
             sys.executable,
             script,
-            *("--sections", "h", "--runs", "1", "--json", str(out)),
+            *("--sections", "h", "--runs", "1", "--threads", THREADS, "--json", str(out)),
             *("--fixtures", str(tmp_path)),
         ],
         capture_output=True,
@@ -203,7 +207,7 @@ def test_kvcache_bench_smoke(tmp_path: Path) -> None:
         [
             sys.executable,
             str(ROOT / "bench" / "kvcache.py"),
-            *("--lengths", "64", "--runs", "1", "--json", str(out)),
+            *("--lengths", "64", "--runs", "1", "--threads", THREADS, "--json", str(out)),
         ],
         capture_output=True,
         text=True,
@@ -214,7 +218,7 @@ def test_kvcache_bench_smoke(tmp_path: Path) -> None:
     assert "f16/auto" in run.stdout and "auto on=off" in run.stdout
     data = json.loads(out.read_text())
     cond = data["conditions"]
-    assert (cond["threads"], cond["runs"], cond["tokens"]) == (2, 1, 64)
+    assert (cond["threads"], cond["runs"], cond["tokens"]) == (int(THREADS), 1, 64)
     assert cond["kv_types"] == {"auto": ["q8_0", "f16"], "f16": ["f16", "f16"]}
     assert data["auto_lossless"] is True
     (length,) = data["lengths"].values()

@@ -119,15 +119,16 @@ def test_a_stopped_runner_fails_its_stream_and_a_fresh_one_serves_the_queue(serv
 
 
 def test_a_long_prefill_is_not_taken_for_silence() -> None:
-    """One llama_decode of a ~2,100-token prompt runs longer than a one-second bound: the
-    runner's heartbeat thread goes on beside it (and beside the load before it)."""
-    prompt = " ".join(f"word{i}" for i in range(700))
-    config = {"model_path": str(smollm2_q4_1()), "n_ctx": 4096, "n_batch": 2048}
+    """One llama_decode of a ~600-token prompt runs several times longer than a half-second
+    bound: the runner's heartbeat thread goes on beside it (and beside the load before it)."""
+    bound = 0.5
+    prompt = " ".join(f"word{i}" for i in range(200))
+    config = {"model_path": str(smollm2_q4_1()), "n_ctx": 1024, "n_batch": 1024}
     spec = LoadSpec.make("smol", "sha256:" + "0" * 64, "sha256:" + "1" * 64, config, {})
     msg = proto.Generate(prompt=prompt, options=proto.RunnerOptions(num_predict=1))
 
     async def scenario() -> list[proto.Event]:
-        scheduler = Scheduler(runner_timeout=1)
+        scheduler = Scheduler(runner_timeout=bound)
         try:
             async with scheduler.use(spec, keep_alive=None) as loaded:
                 return [event async for event in loaded.process.request(msg)]
@@ -137,9 +138,9 @@ def test_a_long_prefill_is_not_taken_for_silence() -> None:
     events = asyncio.run(scenario())
     done = events[-1]
     assert isinstance(done, proto.Done), done
-    assert done.result.prompt_eval_count > 2000
+    assert done.result.prompt_eval_count > 500
     seconds = done.result.prompt_eval_duration_ns / 1e9
-    if seconds < 1.5:  # the bound and two heartbeat intervals
+    if seconds < 3 * bound:  # the bound and two heartbeat intervals, with room
         pytest.skip(f"this machine evaluated the prompt in {seconds:.1f} s: nothing to show")
 
 
