@@ -76,6 +76,8 @@ class Daemon:
         while True:
             if self.proc.poll() is not None:
                 return None
+            if not self.runner_pids():  # none to account for (and no request to make)
+                return None
             try:
                 listed = len(httpx.get(self.url + "/api/ps", timeout=10).json()["models"])
             except (httpx.HTTPError, ValueError, KeyError):

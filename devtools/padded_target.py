@@ -115,11 +115,15 @@ PROMPT = "Write a short story about a robot who learns to paint."
 
 
 def greedy_tokens(
-    model_path: Path, n_tokens: int, *, n_threads: int = 2
+    model_path: Path, n_tokens: int, *, n_threads: int = 0
 ) -> tuple[list[int], float]:
-    """Greedy tokens from the high-level API and the decode rate (tokens/s, prefill excluded)."""
+    """Greedy tokens from the high-level API and the decode rate (tokens/s, prefill excluded);
+    ``n_threads`` 0: every CPU this process may use."""
     from llama_cpp import Llama
 
+    from modelhub.engine.native import default_threads
+
+    n_threads = n_threads or default_threads()
     llm = Llama(
         model_path=str(model_path),
         n_ctx=512,

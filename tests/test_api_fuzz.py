@@ -28,6 +28,7 @@ from modelhub.config import Settings
 from modelhub.server.app import create_app
 from tests.fixtures.synthetic import write_tiny_llama
 
+pytestmark = pytest.mark.slow  # tens of seconds
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))
 
 with warnings.catch_warnings():  # FastAPI warns about the HEAD+GET routes sharing an id

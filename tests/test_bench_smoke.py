@@ -56,7 +56,7 @@ def test_concurrency_section_smoke(tmp_path: Path) -> None:
     model = smollm2_q4_1()
     out = tmp_path / "concurrency.json"
     run = _bench(
-        *("--model", str(model), "--threads", THREADS, "--num-ctx", "512", "--num-predict", "8"),
+        *("--model", str(model), "--threads", THREADS, "--num-ctx", "512", "--num-predict", "4"),
         *("--repeats", "1", "--prompts", "2", "--concurrency", "--clients", "1,2"),
         *("--per-client", "1", "--ttft-trials", "2", "--out", str(out)),
         timeout=480,

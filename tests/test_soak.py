@@ -12,10 +12,12 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from devtools.daemons import start_daemon
 from tests.fixtures.synthetic import write_tiny_llama, write_tiny_llama_without
 
+pytestmark = pytest.mark.slow  # tens of seconds
 ROUNDS = 200
 
 
