@@ -32,3 +32,19 @@ def test_daemon_env_drops_inherited_settings_and_sets_its_own(
     }
     assert env["UNRELATED"] == "kept"
     assert env["PYTHONPATH"] == str(ROOT)
+
+
+def test_parallel_workers_get_disjoint_shares_of_every_cpu() -> None:
+    from tests.fixtures.workers import share_of, worker_count
+
+    cpus = [0, 1, 2, 3, 4, 5, 8, 9]
+    for workers in (1, 2, 3, 5, 8):
+        shares = [share_of(i, workers, cpus) for i in range(workers)]
+        assert all(shares), shares
+        assert set().union(*shares) == set(cpus)
+        assert sum(len(s) for s in shares) == len(cpus)  # disjoint
+    assert [share_of(i, 3, [0, 1]) for i in range(3)] == [{0}, {1}, {0}]
+    assert 1 <= worker_count() <= 8
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers:  # this worker is pinned to its share
+        assert len(os.sched_getaffinity(0)) <= -(-(os.cpu_count() or 1) // workers)
