@@ -76,13 +76,13 @@ class Daemon:
         while True:
             if self.proc.poll() is not None:
                 return None
-            if not self.runner_pids():  # none to account for (and no request to make)
+            pids = self.runner_pids()
+            if not pids:  # none to account for (and no request to make)
                 return None
             try:
                 listed = len(httpx.get(self.url + "/api/ps", timeout=10).json()["models"])
             except (httpx.HTTPError, ValueError, KeyError):
                 return None  # not answering: nothing to compare with
-            pids = self.runner_pids()
             if len(pids) <= listed:
                 return None
             if time.monotonic() > deadline:
