@@ -17,10 +17,26 @@ from pathlib import Path
 import httpx
 import psutil
 
+from modelhub.cli.create_request import plan_create
+from modelhub.client import Client
+from modelhub.store import sha256_file
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Daemons started and not yet stopped (the test suite checks them for leaked runners).
 LIVE: set[Daemon] = set()
+# sha256 of the files Daemon.create has hashed, by (real path, size, mtime): fixtures create
+# from the same cached models again and again.
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:<hex>`` of ``path``, hashed once per process while the file is unchanged."""
+    stat = path.stat()
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)[0]
+    return _DIGESTS[key]
 
 
 def free_port() -> int:
@@ -55,6 +71,22 @@ class Daemon:
             text=True,
             timeout=timeout,
         )
+
+    def create(self, name: str, modelfile: Path, quantize: str | None = None) -> None:
+        """``modelhub create NAME -f MODELFILE [--quantize]`` without starting a CLI process:
+        the CLI's own plan (:func:`plan_create`), then the client's blob uploads (only blobs the
+        daemon lacks) and ``POST /api/create``. For fixtures whose subject is not the CLI (a CLI
+        process costs ~0.3 s of a CPU); the CLI's create has tests of its own. A failure raises
+        the daemon's error."""
+        plan = plan_create(name, modelfile.read_bytes(), modelfile.parent, quantize=quantize)
+        digests = {path: file_digest(path) for path in plan.local_files()}
+        with Client(self.url, timeout=600) as client:
+            for digest, path in {d: p for p, d in digests.items()}.items():
+                if not client.blob_exists(digest):
+                    client.push_blob(digest, path)
+            items = list(client.create(plan.request(digests)))
+        if not items or items[-1].get("status") != "success":
+            raise RuntimeError(f"create {name} ended without success: {items[-1:]}")
 
     def runner_pids(self) -> set[int]:
         """The model runner processes this daemon has now."""

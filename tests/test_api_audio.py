@@ -51,17 +51,14 @@ def hearing(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     proj = write_audio_projector(base / "mmproj-audio.gguf")
     mf = base / "Modelfile"
     mf.write_text(f"FROM {smollm2_q4_1()}\nFROM {proj}\nPARAMETER num_ctx 1024\n")
-    r = daemon.cli("create", MODEL, "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    daemon.create(MODEL, mf)
     # A fixed draft length: the identity test below must draft whatever the controller would
     # decide from this machine's costs (it once declined every guess of a 40-token answer).
     fixed = "PARAMETER draft_num_predict 6\nPARAMETER draft_adaptive false\n"
     mf.write_text(f"FROM {MODEL}\nDRAFT ngram\n{fixed}")
-    r = daemon.cli("create", "smol-audio-ngram", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    daemon.create("smol-audio-ngram", mf)
     mf.write_text(f"FROM {smollm2_q4_1()}\nFROM {write_projector(base / 'mmproj-v.gguf')}\n")
-    r = daemon.cli("create", "smol-eyes-only", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    daemon.create("smol-eyes-only", mf)
     yield daemon
 
 
@@ -306,7 +303,7 @@ def test_models_without_audio_refuse_clips(hearing: Daemon, tmp_path: Path) -> N
     assert r.status_code == 400 and "cannot read audio" in r.json()["error"]
     mf = tmp_path / "Modelfile"
     mf.write_text(f"FROM {smollm2_q4_1()}\n")
-    assert hearing.cli("create", "smol-deaf", "-f", str(mf)).returncode == 0
+    hearing.create("smol-deaf", mf)
     r = httpx.post(
         hearing.url + "/api/generate",
         json={"model": "smol-deaf", "prompt": "hi", "images": [b64(wav(1))], "stream": False},

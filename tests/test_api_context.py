@@ -33,8 +33,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         ("gen-ngram", "FROM gen\nDRAFT ngram\nPARAMETER draft_num_predict 8\n"),
     ):
         mf.write_text(text)
-        r = d.cli("create", name, "-f", str(mf))
-        assert r.returncode == 0, r.stderr
+        d.create(name, mf)
     yield d
     d.stop()
 

@@ -38,8 +38,7 @@ GREEDY = {"temperature": 0, "num_predict": 48}
 def create(d: Daemon, tmp: Path, name: str, text: str) -> None:
     mf = tmp / f"{name}.Modelfile"
     mf.write_text(text)
-    r = d.cli("create", name, "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    d.create(name, mf)
 
 
 def generate(c: httpx.Client, model: str, options: dict[str, Any], prompt: str = EDIT) -> Any:

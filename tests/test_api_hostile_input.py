@@ -41,8 +41,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = start_daemon(base / "models", base / "daemon.log")
     mf = base / "tiny.Modelfile"
     mf.write_text(f"FROM {write_tiny_llama(base / 'tiny.gguf')}\n")
-    r = d.cli("create", "tiny", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    d.create("tiny", mf)
     yield d
     d.stop()
 

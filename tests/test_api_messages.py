@@ -60,8 +60,7 @@ def served(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     ):
         path = base / f"{name}.Modelfile"
         path.write_text(head + body)
-        r = daemon.cli("create", name, "-f", str(path))
-        assert r.returncode == 0, r.stderr
+        daemon.create(name, path)
     yield daemon
 
 

@@ -30,8 +30,7 @@ GREEDY: dict[str, Any] = {"temperature": 0, "max_output_tokens": 24}
 def _create(d: Daemon, tmp: Path, name: str, text: str) -> None:
     mf = tmp / f"{name}.Modelfile"
     mf.write_text(text)
-    r = d.cli("create", name, "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    d.create(name, mf)
 
 
 def _oai(d: Daemon) -> openai.OpenAI:

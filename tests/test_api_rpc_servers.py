@@ -82,8 +82,7 @@ def served(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dae
     d = start_daemon(base / "models", base / "daemon.log", {"MODELHUB_NUM_PARALLEL": "1"})
     mf = base / "Modelfile"
     mf.write_text(f"FROM {tiny}\nPARAMETER num_ctx 256\n")
-    r = d.cli("create", "tiny", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    d.create("tiny", mf)
     yield d
     d.stop()
 
@@ -194,8 +193,7 @@ def test_a_modelfile_the_user_created_may_name_an_rpc_worker(
         mf.write_text(
             f"FROM {tiny}\nPARAMETER num_ctx 256\nPARAMETER rpc_servers {listener.endpoint}\n"
         )
-        r = served.cli("create", "tiny-rpc", "-f", str(mf))
-        assert r.returncode == 0, r.stderr
+        served.create("tiny-rpc", mf)
         with served.client() as c:
             body = {"model": "tiny-rpc", "prompt": "hi", "stream": False}
             r = c.post("/api/generate", json={**body, "options": {"num_predict": 2}})

@@ -38,13 +38,11 @@ def vision(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     proj = write_projector(base / "mmproj-smol.gguf")
     mf = base / "Modelfile"
     mf.write_text(f"FROM {smollm2_q4_1()}\nFROM {proj}\nPARAMETER num_ctx 1024\n")
-    r = daemon.cli("create", "smol-vision", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    daemon.create("smol-vision", mf)
     # A fixed draft length: the identity test must draft whatever the controller would decide.
     fixed = "PARAMETER draft_num_predict 6\nPARAMETER draft_adaptive false\n"
     mf.write_text(f"FROM smol-vision\nDRAFT ngram\n{fixed}")
-    r = daemon.cli("create", "smol-vision-ngram", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    daemon.create("smol-vision-ngram", mf)
     yield daemon
 
 
@@ -183,7 +181,7 @@ def test_bad_images_get_400_and_daemon_keeps_serving(
 def test_text_model_refuses_images(daemon: Daemon, tmp_path: Path) -> None:
     mf = tmp_path / "Modelfile"
     mf.write_text(f"FROM {smollm2_q4_1()}\n")
-    assert daemon.cli("create", "smol-text-only", "-f", str(mf)).returncode == 0
+    daemon.create("smol-text-only", mf)
     r = httpx.post(
         daemon.url + "/api/generate",
         json={"model": "smol-text-only", "prompt": "hi", "images": [png(1)], "stream": False},

@@ -43,8 +43,7 @@ def seer(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
     ):
         mf = base / f"{name}.Modelfile"
         mf.write_text(text)
-        r = daemon.cli("create", name, "-f", str(mf))
-        assert r.returncode == 0, r.stderr
+        daemon.create(name, mf)
     yield daemon
 
 

@@ -77,8 +77,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         ("tiny-drafting", f"FROM {tiny}\nPARAMETER num_ctx 256\nDRAFT {tiny_draft}\n{FIXED}"),
     ):
         mf.write_text(text)
-        r = d.cli("create", name, "-f", str(mf))
-        assert r.returncode == 0, r.stderr
+        d.create(name, mf)
     yield d
     d.stop()
 
@@ -165,7 +164,7 @@ def test_partial_offload_and_host_memory_planning(tmp_path: Path) -> None:
             ("cpu", "PARAMETER num_gpu 0\n"),
         ):
             mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\n{extra}")
-            assert d.cli("create", name, "-f", str(mf)).returncode == 0
+            d.create(name, mf)
         body = {"prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
         with d.client() as c:
             refused = c.post("/api/generate", json={**body, "model": "cpu"}, timeout=600)

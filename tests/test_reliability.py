@@ -36,8 +36,7 @@ def settled_runner_pids(d: Daemon, want: int, timeout: float = 10) -> set[int]:
 def create(d: Daemon, tmp_path: Path, name: str, model: Path) -> None:
     mf = tmp_path / f"{name}.Modelfile"
     mf.write_text(f"FROM {model}\n")
-    r = d.cli("create", name, "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    d.create(name, mf)
 
 
 @pytest.fixture

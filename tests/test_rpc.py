@@ -97,8 +97,7 @@ def daemon(workers: list[Worker], tmp_path_factory: pytest.TempPathFactory) -> I
         ("split-partial", "PARAMETER num_gpu 20\n"),
     ):
         mf.write_text(f"FROM {weights}\nPARAMETER num_ctx 512\n{extra}")
-        r = d.cli("create", name, "-f", str(mf))
-        assert r.returncode == 0, r.stderr
+        d.create(name, mf)
     yield d
     d.stop()
 
@@ -191,7 +190,7 @@ def test_an_unreachable_worker_is_a_clear_error(tmp_path: Path) -> None:
     try:
         mf = tmp_path / "Modelfile"
         mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\n")
-        assert d.cli("create", "split", "-f", str(mf)).returncode == 0
+        d.create("split", mf)
         with d.client() as c:
             r = c.post(
                 "/api/generate",
@@ -230,7 +229,7 @@ def test_memory_planning_counts_only_what_stays_on_this_machine(tmp_path: Path) 
         mf = tmp_path / "Modelfile"
         for name, extra in (("split", ""), ("local", "PARAMETER num_gpu 0\n")):
             mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 256\n{extra}")
-            assert d.cli("create", name, "-f", str(mf)).returncode == 0
+            d.create(name, mf)
         with d.client() as c:
             body = {"prompt": "Say hi.", "stream": False, "options": {"num_predict": 4}}
             refused = c.post("/api/generate", json={**body, "model": "local"}, timeout=120)

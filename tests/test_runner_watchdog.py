@@ -49,8 +49,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     ):
         modelfile = base / f"{name}.Modelfile"
         modelfile.write_text(source)
-        created = d.cli("create", name, "-f", str(modelfile))
-        assert created.returncode == 0, created.stderr
+        d.create(name, modelfile)
     yield d
     d.stop()
 

@@ -69,8 +69,7 @@ def test_parse_size() -> None:
 def _create(daemon: Daemon, tmp: Path, name: str, gguf: Path) -> None:
     modelfile = tmp / f"{name}.Modelfile"
     modelfile.write_text(f"FROM {gguf}\n")
-    result = daemon.cli("create", name, "-f", str(modelfile))
-    assert result.returncode == 0, result.stderr
+    daemon.create(name, modelfile)
 
 
 def _generate(client: httpx.Client, model: str) -> httpx.Response:
@@ -113,7 +112,7 @@ def test_the_draft_counts_towards_the_limit_and_goes_first(
     daemon = limited
     modelfile = tmp_path / "paired.Modelfile"
     modelfile.write_text(f"FROM {tiny['a']}\nDRAFT {tiny['b']}\n")
-    assert daemon.cli("create", "paired", "-f", str(modelfile)).returncode == 0
+    daemon.create("paired", modelfile)
     with daemon.client() as c:
         r = _generate(c, "paired")
         assert r.status_code == 200, r.text

@@ -32,11 +32,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Daemon:
     mf = base / "Modelfile"
     # num_predict bounds the CLI's sampled answers (a loop would run to 10 contexts)
     mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 2048\nPARAMETER num_predict 256\n")
-    r = d.cli("create", "smol", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    d.create("smol", mf)
     mf.write_text("FROM smol\nDRAFT ngram\nPARAMETER draft_num_predict 6\n")
-    r = d.cli("create", "smol-ngram", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    d.create("smol-ngram", mf)
     yield d
     d.stop()
 
@@ -118,8 +116,7 @@ def test_fixed_draft_length_drafts_from_the_first_request(served: Daemon, tmp_pa
     mf.write_text(
         "FROM smol\nDRAFT ngram\nPARAMETER draft_num_predict 6\nPARAMETER draft_adaptive false\n"
     )
-    r = served.cli("create", "smol-ngram-fixed", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    served.create("smol-ngram-fixed", mf)
     prompt = "Repeat this list exactly: red, green, blue, red, green, blue, red, green, blue."
     opts = {"temperature": 0, "num_predict": 32}
     with served.client() as c:

@@ -38,8 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     ):
         mf = base / f"{name}.Modelfile"
         mf.write_text(target + extra)
-        r = d.cli("create", name, "-f", str(mf))
-        assert r.returncode == 0, r.stderr
+        d.create(name, mf)
     yield d
     d.stop()
 
@@ -155,7 +154,7 @@ def one_at_a_time(tmp_path: Path) -> Iterator[Daemon]:
     d = start_daemon(tmp_path / "models", tmp_path / "daemon.log", env)
     mf = tmp_path / "Modelfile"
     mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 1024\n")
-    assert d.cli("create", "solo", "-f", str(mf)).returncode == 0
+    d.create("solo", mf)
     yield d
     d.stop()
 
@@ -218,7 +217,7 @@ def test_memory_planning_counts_every_sequence(tmp_path: Path) -> None:
         for name, extra in (("auto", ""), ("many", "PARAMETER num_parallel 16\n")):
             mf = tmp_path / f"{name}.Modelfile"
             mf.write_text(f"FROM {path}\nPARAMETER num_ctx 1024\n{extra}")
-            assert d.cli("create", name, "-f", str(mf)).returncode == 0
+            d.create(name, mf)
         with d.client(timeout=120) as c:
             body = {"prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
             r = c.post("/api/generate", json={"model": "many", **body})
@@ -237,7 +236,7 @@ def test_memory_planning_counts_every_sequence(tmp_path: Path) -> None:
     )
     try:
         mf = tmp_path / "auto.Modelfile"
-        assert d.cli("create", "auto", "-f", str(mf)).returncode == 0
+        d.create("auto", mf)
         with d.client(timeout=120) as c:
             body = {"model": "auto", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
             assert c.post("/api/generate", json=body).status_code == 200
@@ -263,7 +262,7 @@ def test_kv_cache_type_setting(tmp_path: Path) -> None:
     try:
         mf = tmp_path / "Modelfile"
         mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 1024\n")
-        assert d.cli("create", "kv", "-f", str(mf)).returncode == 0
+        d.create("kv", mf)
         with d.client(timeout=120) as c:
             body = {"model": "kv", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
             assert c.post("/api/generate", json=body).status_code == 200

@@ -122,8 +122,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     ):
         path = Path(base / f"{name}.Modelfile")
         path.write_text(head + body)
-        r = d.cli("create", name, "-f", str(path))
-        assert r.returncode == 0, r.stderr
+        d.create(name, path)
     yield d
     d.stop()
 

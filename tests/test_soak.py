@@ -49,7 +49,7 @@ def test_a_mixed_soak_leaves_no_orphans_and_flat_memory(tmp_path: Path) -> None:
         ):
             mf = tmp_path / f"{name}.Modelfile"
             mf.write_text(f"FROM {path}\n")
-            assert d.cli("create", name, "-f", str(mf)).returncode == 0
+            d.create(name, mf)
         rng = random.Random(7)
         daemon = psutil.Process(d.proc.pid)
         long = {"options": {"num_predict": 200, "temperature": 0}}

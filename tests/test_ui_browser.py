@@ -103,8 +103,7 @@ def served(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Daemon:
     """The session's daemon with SmolLM2 as ``ui-smol`` (drafting: ``auto``, i.e. n-grams)."""
     mf = tmp_path_factory.mktemp("ui") / "Modelfile"
     mf.write_text(f"FROM {smollm2_q4_1()}\nPARAMETER num_ctx 1024\n")
-    r = daemon.cli("create", "ui-smol", "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    daemon.create("ui-smol", mf)
     return daemon
 
 
@@ -122,8 +121,7 @@ def replies(served: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Daemon:
     ):
         mf = base / f"{name.split(':')[0]}.Modelfile"
         mf.write_text(body)
-        r = served.cli("create", name, "-f", str(mf))
-        assert r.returncode == 0, r.stderr
+        served.create(name, mf)
     return served
 
 
