@@ -72,13 +72,13 @@ class Daemon:
             timeout=timeout,
         )
 
-    def create(self, name: str, modelfile: Path, quantize: str | None = None) -> None:
-        """``modelhub create NAME -f MODELFILE [--quantize]`` without starting a CLI process:
+    def create(self, name: str, modelfile: Path) -> None:
+        """``modelhub create NAME -f MODELFILE`` without starting a CLI process:
         the CLI's own plan (:func:`plan_create`), then the client's blob uploads (only blobs the
         daemon lacks) and ``POST /api/create``. For fixtures whose subject is not the CLI (a CLI
         process costs ~0.3 s of a CPU); the CLI's create has tests of its own. A failure raises
         the daemon's error."""
-        plan = plan_create(name, modelfile.read_bytes(), modelfile.parent, quantize=quantize)
+        plan = plan_create(name, modelfile.read_bytes(), modelfile.parent)
         digests = {path: file_digest(path) for path in plan.local_files()}
         with Client(self.url, timeout=600) as client:
             for digest, path in {d: p for p, d in digests.items()}.items():
