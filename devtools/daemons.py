@@ -39,6 +39,21 @@ def file_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
+def create_model(client: Client, name: str, modelfile: Path) -> None:
+    """What ``modelhub create NAME -f MODELFILE`` does, in this process: the CLI's own plan
+    (:func:`plan_create`), the blobs the daemon lacks uploaded, then ``POST /api/create``. For
+    fixtures whose subject is not the CLI (a CLI process costs ~0.3 s of a CPU; the CLI's
+    create has tests of its own). A failure raises the daemon's error."""
+    plan = plan_create(name, modelfile.read_bytes(), modelfile.parent)
+    digests = {path: file_digest(path) for path in plan.local_files()}
+    for digest, path in {d: p for p, d in digests.items()}.items():
+        if not client.blob_exists(digest):
+            client.push_blob(digest, path)
+    items = list(client.create(plan.request(digests)))
+    if not items or items[-1].get("status") != "success":
+        raise RuntimeError(f"create {name} ended without success: {items[-1:]}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,20 +88,9 @@ class Daemon:
         )
 
     def create(self, name: str, modelfile: Path) -> None:
-        """``modelhub create NAME -f MODELFILE`` without starting a CLI process:
-        the CLI's own plan (:func:`plan_create`), then the client's blob uploads (only blobs the
-        daemon lacks) and ``POST /api/create``. For fixtures whose subject is not the CLI (a CLI
-        process costs ~0.3 s of a CPU); the CLI's create has tests of its own. A failure raises
-        the daemon's error."""
-        plan = plan_create(name, modelfile.read_bytes(), modelfile.parent)
-        digests = {path: file_digest(path) for path in plan.local_files()}
+        """``modelhub create NAME -f MODELFILE`` without a CLI process (:func:`create_model`)."""
         with Client(self.url, timeout=600) as client:
-            for digest, path in {d: p for p, d in digests.items()}.items():
-                if not client.blob_exists(digest):
-                    client.push_blob(digest, path)
-            items = list(client.create(plan.request(digests)))
-        if not items or items[-1].get("status") != "success":
-            raise RuntimeError(f"create {name} ended without success: {items[-1:]}")
+            create_model(client, name, modelfile)
 
     def runner_pids(self) -> set[int]:
         """The model runner processes this daemon has now."""

@@ -48,8 +48,7 @@ def create(d: Daemon | FakeDaemon, name: str, directory: Path, seed: int, extra:
         write_tiny_llama(weights, seed=seed)
     mf = directory / f"{name}.Modelfile"
     mf.write_text(f"FROM {weights}\nPARAMETER num_ctx 256\n{extra}")
-    r = d.cli("create", name, "-f", str(mf))
-    assert r.returncode == 0, r.stderr
+    d.create(name, mf)
     return mf
 
 

@@ -25,6 +25,7 @@ import starlette.testclient
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from devtools.daemons import create_model
 from modelhub.cli import models as cli_models
 from modelhub.cli.main import cli as modelhub_cli
 from modelhub.client import Client
@@ -63,6 +64,10 @@ class FakeDaemon:
         statuses = [s.get("status") for s in self.client.create(body)]
         assert statuses[-1] == "success", statuses
         return name
+
+    def create(self, name: str, modelfile: Path) -> None:
+        """``modelhub create NAME -f MODELFILE`` as ``Daemon.create`` does, over the app."""
+        create_model(self.client, name, modelfile)
 
     @property
     def models(self) -> Path:
