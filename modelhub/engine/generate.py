@@ -219,15 +219,20 @@ class Engine:
         """Run one small batch through every loaded model, so that a CPU fault in ggml's
         kernels (SIGILL: see ``cpu``) happens while loading, where the daemon can retry
         without repacking, and not in a user's first request. 16 rows reach the batched
-        kernels (ggml's AMX code takes a vector path below 5 rows)."""
+        kernels (ggml's AMX code takes a vector path below 5 rows). A model wholly on offload
+        devices keeps no matrix on the CPU: one row runs each of its ops once, and a batch
+        could cost seconds on a slow device (a software Vulkan: ~6 s for SmolLM2)."""
         inject_fault(self.repack.enabled)
-        contexts = [self.ctx]
+        layers = self.placement.layers
+        target_on_cpu = not (layers and 0 < layers[1] <= layers[0])
+        contexts = [(self.ctx, target_on_cpu)]
         for member in self.slots[0].members:
-            if isinstance(member.drafter, DraftModelDrafter):
-                contexts.append(member.drafter.ctx)
-        for ctx in contexts:
+            if isinstance(member.drafter, DraftModelDrafter):  # wholly on the draft devices
+                contexts.append((member.drafter.ctx, not self.offload.draft_devices))
+        for ctx, on_cpu in contexts:
             token = ctx.model.bos if ctx.model.bos >= 0 else 0
-            ctx.decode([token] * min(16, ctx.n_batch, ctx.n_ctx), 0, "last")
+            rows = 16 if on_cpu else 1
+            ctx.decode([token] * min(rows, ctx.n_batch, ctx.n_ctx), 0, "last")
             ctx.clear()
 
     # ---- text --------------------------------------------------------------------------------
