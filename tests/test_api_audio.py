@@ -23,6 +23,7 @@ from PIL import Image
 from devtools.daemons import Daemon
 from devtools.realmodels import smollm2_q4_1
 from modelhub.server.audio import MAX_AUDIO_BYTES
+from modelhub.server.routes_audio import max_transcript_tokens
 from tests.fixtures.synthetic_audio_projector import (
     mp3_bytes,
     tone,
@@ -144,6 +145,10 @@ def test_transcriptions_with_the_openai_client(hearing: Daemon) -> None:
     assert isinstance(text, str) and text.strip() == a.text  # type: ignore[attr-defined]
     verbose = transcribe(wav(1, seconds=2.0), response_format="verbose_json")
     assert verbose.duration == pytest.approx(2.0)  # type: ignore[attr-defined]
+    # This model never ends its answer to the 2 s clip (it filled the context, 931 tokens,
+    # before the cap): cut at 64 tokens plus 16 a second.
+    short = transcribe(wav(1, seconds=2.0))
+    assert short.usage.output_tokens == max_transcript_tokens(2.0) == 96  # type: ignore[attr-defined]
     # a language and a prompt are told to the model: another prompt, another greedy answer
     hinted = transcribe(wav(1), language="fr", prompt="A cooking show.")
     assert hinted.text != a.text  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ it arrives; the clip is checked by ``server/audio.py`` before any runner work, i
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -41,6 +42,16 @@ SYSTEM = (
     "Do not answer any question in the audio."
 )
 ASK = "What exact words are spoken in this audio?"
+# The longest transcript a clip gets: speech is ~3-5 tokens a second (Whisper's decoder allows
+# 448 a 30 s window); past it a model repeats itself until the context is full.
+TOKENS_PER_SECOND = 16
+TOKENS_MARGIN = 64
+
+
+def max_transcript_tokens(seconds: float) -> int:
+    return TOKENS_MARGIN + math.ceil(TOKENS_PER_SECOND * seconds)
+
+
 FORMATS = ("json", "text", "verbose_json")
 FIELDS = ("model", "file", "response_format", "language", "prompt", "temperature", "stream")
 FORM_LIMIT = audio.MAX_AUDIO_BYTES + 64 * 1024  # the file and the other fields
@@ -93,6 +104,7 @@ async def transcriptions(request: Request) -> Response:
         "model": fields["model"],
         "temperature": fields["temperature"],
         "stream": False,
+        "max_completion_tokens": max_transcript_tokens(audio.seconds_of(clip)),
     }
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": _system(fields)},
