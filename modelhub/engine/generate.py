@@ -217,21 +217,18 @@ class Engine:
 
     def _warm_up(self) -> None:
         """Run one small batch through every loaded model, so that a CPU fault in ggml's
-        kernels (SIGILL: see ``cpu``) happens while loading, where the daemon can retry
-        without repacking, and not in a user's first request. 16 rows reach the batched
-        kernels (ggml's AMX code takes a vector path below 5 rows). A model wholly on offload
-        devices keeps no matrix on the CPU: one row runs each of its ops once, and a batch
-        could cost seconds on a slow device (a software Vulkan: ~6 s for SmolLM2)."""
+        kernels (SIGILL: see ``cpu``) happens while loading (the daemon can retry without
+        repacking): 16 rows reach the batched kernels (ggml's AMX code takes a vector path below
+        5 rows); one where no matrix is on the CPU (a batch took ~6 s on a software Vulkan)."""
         inject_fault(self.repack.enabled)
         layers = self.placement.layers
-        target_on_cpu = not (layers and 0 < layers[1] <= layers[0])
-        contexts = [(self.ctx, target_on_cpu)]
+        on_device = layers is not None and 0 < layers[1] <= layers[0]
+        contexts = [(self.ctx, 1 if on_device else 16)]
         for member in self.slots[0].members:
             if isinstance(member.drafter, DraftModelDrafter):  # wholly on the draft devices
-                contexts.append((member.drafter.ctx, not self.offload.draft_devices))
-        for ctx, on_cpu in contexts:
+                contexts.append((member.drafter.ctx, 1 if self.offload.draft_devices else 16))
+        for ctx, rows in contexts:
             token = ctx.model.bos if ctx.model.bos >= 0 else 0
-            rows = 16 if on_cpu else 1
             ctx.decode([token] * min(rows, ctx.n_batch, ctx.n_ctx), 0, "last")
             ctx.clear()
 
