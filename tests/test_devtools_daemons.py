@@ -1,14 +1,17 @@
 """The test environment: no ``MODELHUB_*`` setting of the developer's reaches a test or a daemon
-(the autouse fixture in conftest.py, and devtools.daemons.daemon_env)."""
+(the autouse fixture in conftest.py, and devtools.daemons.daemon_env), and the check after every
+test that each runner process of a daemon is one ``/api/ps`` lists."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from devtools.daemons import ROOT, daemon_env
+from devtools.daemons import ROOT, Daemon, daemon_env
 
 
 def test_tests_run_without_modelhub_variables() -> None:
@@ -48,3 +51,20 @@ def test_parallel_workers_get_disjoint_shares_of_every_cpu() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers:  # this worker is pinned to its share
         assert len(os.sched_getaffinity(0)) <= -(-(os.cpu_count() or 1) // workers)
+
+
+class _Leaky(Daemon):
+    """The session daemon, seen with one more runner process than it has (this test's own
+    process, which ``/api/ps`` cannot list)."""
+
+    def runner_pids(self) -> set[int]:
+        return super().runner_pids() | {os.getpid()}
+
+
+def test_the_leak_check_names_a_runner_that_ps_does_not_list(daemon: Daemon) -> None:
+    assert daemon.unlisted_runners(settle=0) is None
+    leaky = _Leaky(**{f.name: getattr(daemon, f.name) for f in dataclasses.fields(Daemon)})
+    started = time.monotonic()
+    problem = leaky.unlisted_runners(settle=0.5)
+    assert problem is not None and problem.endswith("leaked runners"), problem
+    assert time.monotonic() - started >= 0.5  # runners being unloaded get the settle time
