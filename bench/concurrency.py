@@ -246,8 +246,11 @@ def aggregate(
     return {"tok_s": sum(counts) / wall, "tokens": sum(counts), "seconds": wall}
 
 
-def ttft_under_load(ask: Ask, long_prompt: str, trials: int) -> dict[str, float]:
-    """TTFT of a short request sent while three long ones run (p50/p95 over ``trials``)."""
+def ttft_under_load(
+    ask: Ask, long_prompt: str, trials: int, settle: float = 2.0
+) -> dict[str, float]:
+    """TTFT of a short request sent while three long ones run (p50/p95 over ``trials``), the
+    first ``settle`` seconds after they start, the others at most 0.5 s apart."""
     stop = threading.Event()
 
     def keep_busy() -> None:
@@ -257,11 +260,11 @@ def ttft_under_load(ask: Ask, long_prompt: str, trials: int) -> dict[str, float]
     busy = [threading.Thread(target=keep_busy) for _ in range(3)]
     for t in busy:
         t.start()
-    time.sleep(2.0)  # the long ones are decoding
+    time.sleep(settle)  # the long ones are decoding
     ttfts = []
     for _ in range(trials):
         ttfts.append(ask(SHORT)[1])
-        time.sleep(0.5)
+        time.sleep(min(0.5, settle))
     stop.set()
     for t in busy:
         t.join()
@@ -276,6 +279,7 @@ def run_section(
     clients: list[int],
     per_client: int,
     ttft_trials: int,
+    ttft_settle: float = 2.0,
 ) -> dict[str, Any]:
     """Aggregate tok/s per server and client count, then TTFT under load per server."""
     table: dict[str, dict[str, Any]] = {}
@@ -287,7 +291,7 @@ def run_section(
             first = sum(c for c in clients if c < n) * per_client
             table[server.name][str(n)] = aggregate(server.ask, prompts, n, per_client, first)
             print(f"   {server.name}: {n} clients done", flush=True)
-    ttft = {s.name: ttft_under_load(s.ask, prompts[0], ttft_trials) for s in servers}
+    ttft = {s.name: ttft_under_load(s.ask, prompts[0], ttft_trials, ttft_settle) for s in servers}
     return {"aggregate": table, "ttft_under_load": ttft}
 
 

@@ -550,7 +550,7 @@ def bench_concurrency(model: Path, settings: Settings, args: argparse.Namespace)
             servers.append(conc.Server("llama-server np=4", ask))
         try:
             section = conc.run_section(
-                servers, prompts, args.clients, args.per_client, args.ttft_trials
+                servers, prompts, args.clients, args.per_client, args.ttft_trials, args.ttft_settle
             )
         except Exception:
             for log in work.glob("*.log"):
@@ -767,6 +767,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run the coding-agent flow (/v1/messages, /v1/responses; bench/agent.py)",
     )
     parser.add_argument("--ttft-trials", type=int, default=10)
+    parser.add_argument(
+        "--ttft-settle",
+        type=float,
+        default=2.0,
+        help="seconds the long requests run before the first TTFT trial (default 2)",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     for name in ("threads", "num_ctx", "num_predict", "repeats"):

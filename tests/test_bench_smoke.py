@@ -58,7 +58,7 @@ def test_concurrency_section_smoke(tmp_path: Path) -> None:
     run = _bench(
         *("--model", str(model), "--threads", THREADS, "--num-ctx", "512", "--num-predict", "4"),
         *("--repeats", "1", "--prompts", "2", "--concurrency", "--clients", "1,2"),
-        *("--per-client", "1", "--ttft-trials", "2", "--out", str(out)),
+        *("--per-client", "1", "--ttft-trials", "2", "--ttft-settle", "0.2", "--out", str(out)),
         timeout=480,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
