@@ -219,7 +219,7 @@ class Engine:
         """Run one small batch through every loaded model, so that a CPU fault in ggml's
         kernels (SIGILL: see ``cpu``) happens while loading (the daemon can retry without
         repacking): 16 rows reach the batched kernels (ggml's AMX code takes a vector path below
-        5 rows); one where no matrix is on the CPU (a batch took ~6 s on a software Vulkan)."""
+        5 rows); one if every layer is offloaded: no matrix product is the CPU's then."""
         inject_fault(self.repack.enabled)
         layers = self.placement.layers
         on_device = layers is not None and 0 < layers[1] <= layers[0]
